@@ -1,0 +1,145 @@
+"""Synthetic dictionary lookup (FoT paper, App. F).
+
+A document is a block of definitions followed by a block of queries, each an
+entry of K key tokens then V value tokens (keys and values use disjoint symbol
+ranges, so no marker tokens are needed):
+
+  k1 .. kK v1 .. vV   (n_defs times)   k1 .. kK v1 .. vV   (n_queries times)
+
+Queries ask keys defined earlier in the same document, each at most once, in a
+random order (so no positional shortcut exists: retrieval is by content). Only the
+query value tokens are scored; a query counts as answered when every value token
+is predicted (teacher-forced argmax). With the default sizes a document is 512
+tokens: 32 definitions (256 tokens, the first local window) then 32 queries, so
+with a 256-token local window every answer has to come from the memory layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+PAD, BOS, EOS = 0, 1, 2
+NUM_SPECIAL = 8  # ids below this are reserved
+
+
+@dataclasses.dataclass(frozen=True)
+class DictionaryTask:
+  num_symbols: int = 256  # key symbols
+  num_value_symbols: int = 256
+  key_len: int = 2
+  value_len: int = 2
+  n_defs: int = 64
+  n_queries: int = 64
+
+  @property
+  def vocab_size(self) -> int:
+    return NUM_SPECIAL + self.num_symbols + self.num_value_symbols
+
+  @property
+  def value_offset(self) -> int:
+    return NUM_SPECIAL + self.num_symbols
+
+  @property
+  def entry_len(self) -> int:
+    return self.key_len + self.value_len
+
+  @property
+  def defs_len(self) -> int:
+    return self.n_defs * self.entry_len
+
+  @property
+  def queries_len(self) -> int:
+    return self.n_queries * self.entry_len
+
+  @property
+  def doc_len(self) -> int:
+    return self.defs_len + self.queries_len
+
+  def validate(self):
+    if self.n_queries > self.n_defs:
+      raise ValueError(f"data.n_queries={self.n_queries} exceeds data.n_defs={self.n_defs}: "
+                       f"each query asks a distinct defined key")
+    if self.num_symbols ** self.key_len < 4 * self.n_defs:
+      raise ValueError(f"data.num_symbols ** data.key_len = {self.num_symbols ** self.key_len} "
+                       f"is too small for {self.n_defs} distinct keys")
+
+  # -- generation ----------------------------------------------------------
+  def _random_keys(self, rng, n, exclude=None):
+    keys, seen = [], set()
+    while len(keys) < n:
+      k = tuple(rng.integers(0, self.num_symbols, self.key_len).tolist())
+      if k in seen or (exclude is not None and k in exclude):
+        continue
+      seen.add(k)
+      keys.append(k)
+    return np.asarray(keys, np.int32) + NUM_SPECIAL
+
+  def definitions(self, rng, n, exclude=None):
+    """n definitions with distinct keys (none in `exclude`): tokens [n * entry_len], keys, values."""
+    keys = self._random_keys(rng, n, exclude)
+    values = rng.integers(0, self.num_value_symbols, (n, self.value_len)).astype(np.int32)
+    values += self.value_offset
+    return np.concatenate([keys, values], axis=1).reshape(-1), keys, values
+
+  def document(self, rng, exclude=None):
+    """One document: dict(tokens [doc_len], loss_mask [doc_len], keys [n_defs, K])."""
+    defs, keys, values = self.definitions(rng, self.n_defs, exclude)
+    order = rng.permutation(self.n_defs)[: self.n_queries]
+    queries = np.concatenate([keys[order], values[order]], axis=1)
+    tokens = np.concatenate([defs, queries.reshape(-1)])
+    # Scored positions: a value token of a query is the *target* of the previous position.
+    mask = np.zeros(self.doc_len, bool)
+    qmask = np.zeros((self.n_queries, self.entry_len), bool)
+    qmask[:, self.key_len:] = True
+    mask[self.defs_len:] = qmask.reshape(-1)
+    return {"tokens": tokens, "value_mask": mask, "keys": keys}
+
+  def batch(self, seed: int, step: int, n_docs: int):
+    """Deterministic documents for a training step: tokens [n_docs, doc_len], value_mask."""
+    rng = np.random.default_rng([seed, step])
+    docs = [self.document(rng) for _ in range(n_docs)]
+    return (np.stack([d["tokens"] for d in docs]), np.stack([d["value_mask"] for d in docs]))
+
+
+def lm_example(tokens, value_mask):
+  """Next-token example from documents: inputs, targets, loss_mask (all [N, L]).
+
+  The target of position i is token i+1; the last position predicts EOS, unscored.
+  """
+  n, l = tokens.shape
+  targets = np.concatenate([tokens[:, 1:], np.full((n, 1), EOS, tokens.dtype)], axis=1)
+  loss_mask = np.concatenate([value_mask[:, 1:], np.zeros((n, 1), bool)], axis=1)
+  return {"inputs": tokens, "targets": targets, "loss_mask": loss_mask}
+
+
+def to_windows(example, window: int):
+  """[N, L] documents -> [N * (L // window), window] rows: the windows of a doc stay a pack."""
+  out = {}
+  for name, x in example.items():
+    n, l = x.shape
+    if l % window:
+      raise ValueError(f"data: document length {l} is not a multiple of the window {window}")
+    out[name] = x.reshape(n * (l // window), window)
+  return out
+
+
+class DictionaryBatches:
+  """Training batches: each slot holds one whole document per step (k = doc_len / window)."""
+
+  def __init__(self, task: DictionaryTask, slots: int, window: int, seed: int):
+    task.validate()
+    self.task, self.slots, self.window, self.seed = task, slots, window, seed
+    if task.doc_len % window:
+      raise ValueError(f"data.window={window} must divide the document length {task.doc_len}")
+
+  @property
+  def pack(self) -> int:
+    return self.task.doc_len // self.window
+
+  def __call__(self, step: int):
+    tokens, vmask = self.task.batch(self.seed, step, self.slots)
+    return to_windows(lm_example(tokens, vmask), self.window)
+
+  def state_dict(self):  # stateless: batch n is a pure function of (seed, n)
+    return {"seed": self.seed}

@@ -1,0 +1,170 @@
+"""Dictionary lookup with memory (FoT paper, App. F / Figure 10).
+
+For each evaluated document the model reads M tokens of context (definitions
+from other dictionaries, the distractors, with the target document's definition
+block at a random depth) and then the target's queries, window by window with
+memory, exactly as `fot_jax.inference` processes a long input. A query is
+answered when every value token is predicted right (teacher forcing).
+
+Fast path (models with one memory layer): a window's memory keys depend only on
+that window's tokens (layers below the only memory layer never see memory) and
+memory is a set (no position on memory keys), so the distractor windows are
+encoded once, shared by all rows and all memory sizes, and each row adds only
+the window that holds its own definitions (masking the shared copy of that
+window). `tests/test_dictionary_eval.py` checks this equals plain window-by-window
+inference.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from data_pipelines.dictionary_lookup import NUM_SPECIAL, DictionaryTask
+from fot_jax.inference import MemoryInference, _window
+from fot_jax.model.config import ModelConfig
+from fot_jax.model.memory import MemoryBlock
+
+
+class DictionaryEvalSet:
+  """Seeded targets and distractor pool shared by every model evaluated on it."""
+
+  def __init__(self, task: DictionaryTask, n_docs: int, max_context: int, seed: int = 1234):
+    if max_context % task.defs_len:
+      raise ValueError(f"eval.memory_tokens: {max_context} is not a multiple of the definition "
+                       f"block ({task.defs_len} tokens)")
+    rng = np.random.default_rng(seed)
+    self.task = task
+    self.docs = [task.document(rng) for _ in range(n_docs)]
+    exclude = {tuple(k) for d in self.docs for k in (d["keys"] - NUM_SPECIAL).tolist()}
+    n_defs = max_context // task.entry_len
+    pool, _, _ = task.definitions(rng, n_defs, exclude=exclude)
+    self.pool = pool.astype(np.int32)
+    self.depth_rng_seed = seed + 1
+
+  def depths(self, context: int) -> np.ndarray:
+    """Which definition block of the context holds each target's definitions."""
+    rng = np.random.default_rng([self.depth_rng_seed, context])
+    return rng.integers(0, context // self.task.defs_len, len(self.docs))
+
+  def stream(self, i: int, context: int) -> np.ndarray:
+    """Row i's full token stream for `context` tokens: context then queries."""
+    t = self.task
+    ctx = self.pool[:context].copy()
+    c = self.depths(context)[i]
+    doc = self.docs[i]["tokens"]
+    ctx[c * t.defs_len:(c + 1) * t.defs_len] = doc[:t.defs_len]
+    return np.concatenate([ctx, doc[t.defs_len:]])
+
+
+def _query_accuracy(task: DictionaryTask, logits_q: np.ndarray, docs: Sequence[dict]) -> np.ndarray:
+  """logits over the query block [B, queries_len, V] (+ the logit just before it at index 0
+  is not needed: the first query token is a key). Returns bool [B, n_queries]."""
+  out = []
+  for lg, doc in zip(logits_q, docs):
+    q = doc["tokens"][task.defs_len:]
+    vmask = doc["value_mask"][task.defs_len:]
+    token_ok = np.ones(len(q), bool)  # token t of the block is predicted at position t - 1
+    token_ok[1:] = np.where(vmask[1:], np.argmax(lg[:-1], -1) == q[1:], True)
+    out.append(token_ok.reshape(task.n_queries, task.entry_len).all(axis=1))
+  return np.stack(out)
+
+
+def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
+             contexts: Sequence[int], mode: str = "topk", topk: int = 32, batch: int = 8,
+             chunk: int = 8192, log: Callable[[str], None] = print, name: str = "") -> Dict[str, List]:
+  """Accuracy against context size. Returns lists: memory_tokens (context M),
+  tokens_in_memory, accuracy, seconds."""
+  task = evalset.task
+  if task.queries_len > window:
+    raise ValueError(f"eval: the query block ({task.queries_len} tokens) must fit the window {window}")
+  mem_layers = cfg.mem_layers
+  if len(mem_layers) != 1:
+    raise NotImplementedError("the shared-memory fast path needs exactly one memory layer; use "
+                              "evaluate_generic for other models")
+  layer = mem_layers[0]
+  n = len(evalset.docs)
+  results = {"memory_tokens": [], "tokens_in_memory": [], "accuracy": [], "seconds": []}
+  shared = None  # encoded pool, grown to the largest context needing memory
+  for context in contexts:
+    t0 = time.time()
+    if context % task.defs_len:
+      raise ValueError(f"eval.memory_tokens: {context} is not a multiple of {task.defs_len}")
+    if context > len(evalset.pool):
+      raise ValueError(f"eval.memory_tokens: {context} exceeds the distractor pool ({len(evalset.pool)})")
+    hits = []
+    if context + task.queries_len <= window:  # everything fits in one local window
+      in_memory = 0
+      for s in range(0, n, batch):
+        rows = range(s, min(n, s + batch))
+        toks = np.stack([evalset.stream(i, context) for i in rows])
+        logits, _ = _window(params, jnp.asarray(toks), jnp.ones(toks.shape, bool), None, cfg, mode, topk, chunk)
+        hits.append(_query_accuracy(task, np.asarray(logits[:, context:]), [evalset.docs[i] for i in rows]))
+    else:
+      if context % window:
+        raise ValueError(f"eval.memory_tokens: {context} must be a multiple of the window {window} "
+                         f"once it does not fit the local window")
+      in_memory = context
+      if shared is None or shared[0].shape[1] < context:
+        shared = _encode_windows(cfg, params, evalset.pool[:context], window, layer, chunk)
+      sk, sv = shared[0][:, :context], shared[1][:, :context]
+      depths = evalset.depths(context)
+      for s in range(0, n, batch):
+        rows = list(range(s, min(n, s + batch)))
+        own_w = [(depths[i] * task.defs_len) // window for i in rows]
+        own_tokens = np.stack([evalset.stream(i, context)[w * window:(w + 1) * window]
+                               for i, w in zip(rows, own_w)])
+        _, own_kv = _window(params, jnp.asarray(own_tokens), jnp.ones(own_tokens.shape, bool), None,
+                            cfg, mode, topk, chunk, stop_after=layer)
+        mask = np.ones((len(rows), context), bool)
+        for r, w in enumerate(own_w):
+          mask[r, w * window:(w + 1) * window] = False
+        blocks = {layer: [MemoryBlock(sk, sv, jnp.asarray(mask)),
+                          MemoryBlock(own_kv[layer][0], own_kv[layer][1],
+                                      jnp.ones(own_tokens.shape, bool))]}
+        queries = np.stack([evalset.docs[i]["tokens"][task.defs_len:] for i in rows])
+        logits, _ = _window(params, jnp.asarray(queries), jnp.ones(queries.shape, bool), blocks,
+                            cfg, mode, topk, chunk)
+        hits.append(_query_accuracy(task, np.asarray(logits), [evalset.docs[i] for i in rows]))
+    acc = float(np.concatenate(hits).mean())
+    dt = time.time() - t0
+    for key, val in (("memory_tokens", context), ("tokens_in_memory", in_memory), ("accuracy", acc),
+                     ("seconds", dt)):
+      results[key].append(val)
+    log(f"[{name}] dictionary: context {context:>9,} tokens ({in_memory:,} in memory): "
+        f"accuracy {acc:.3f} ({dt:.1f}s)")
+  return results
+
+
+def _encode_windows(cfg, params, tokens: np.ndarray, window: int, layer: int, chunk: int,
+                    windows_per_call: int = 64):
+  """Memory keys/values of `layer` for consecutive windows of `tokens`: [1, L, KV, D] each."""
+  n_win = len(tokens) // window
+  wins = tokens[:n_win * window].reshape(n_win, window)
+  ks, vs = [], []
+  for s in range(0, n_win, windows_per_call):
+    part = wins[s:s + windows_per_call]
+    if len(part) < windows_per_call and n_win > windows_per_call:  # keep one compiled shape
+      part = np.pad(part, [(0, windows_per_call - len(part)), (0, 0)])
+    _, kv = _window(params, jnp.asarray(part), jnp.ones(part.shape, bool), None, cfg, "dense", 1, chunk,
+                    stop_after=layer)
+    take = min(windows_per_call, n_win - s)
+    ks.append(np.asarray(kv[layer][0][:take]).reshape(1, take * window, *kv[layer][0].shape[2:]))
+    vs.append(np.asarray(kv[layer][1][:take]).reshape(1, take * window, *kv[layer][1].shape[2:]))
+  return jnp.asarray(np.concatenate(ks, 1)), jnp.asarray(np.concatenate(vs, 1))
+
+
+def evaluate_generic(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int, context: int,
+                     rows: Optional[Sequence[int]] = None, mode: str = "topk", topk: int = 32,
+                     chunk: int = 8192) -> np.ndarray:
+  """Reference path: each row's whole stream through MemoryInference. bool [rows, n_queries]."""
+  task = evalset.task
+  rows = list(range(len(evalset.docs))) if rows is None else list(rows)
+  infer = MemoryInference(cfg, params, window, mode, topk, chunk)
+  toks = np.stack([evalset.stream(i, context) for i in rows])
+  # Windows start at the stream's first token, so the queries start a window of their own
+  # exactly when the context is a multiple of the window (as in the fast path).
+  logits = infer.process(toks, infer.new_memory(len(rows)))
+  return _query_accuracy(task, logits[:, context:], [evalset.docs[i] for i in rows])

@@ -1,0 +1,121 @@
+"""Self-attention for ordinary LLaMA layers and FoT memory layers."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fot_jax.model import memory as mem
+from fot_jax.model.config import ModelConfig
+from fot_jax.model.rope import apply_rope
+
+
+def dense(features, axes, name, dtype, init_std=0.02):
+  return nn.Dense(features, use_bias=False, name=name, dtype=dtype, param_dtype=jnp.float32,
+                  kernel_init=nn.with_logical_partitioning(nn.initializers.normal(init_std), axes))
+
+
+def _normalize(x, eps=1e-6):
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, -1, keepdims=True) + eps)).astype(x.dtype)
+
+
+class Attention(nn.Module):
+  """Grouped-query causal attention; a memory layer also attends to extra contexts.
+
+  Extra contexts come either from a crossbatch plan (training: other rows of this
+  batch, with gradients) or from memory blocks (inference). Both join the causal
+  local window under one softmax (or an MT-style gate when `mem_gating`).
+  """
+  cfg: ModelConfig
+  is_memory: bool = False
+
+  @nn.compact
+  def __call__(self, x, positions, token_mask, plan=None, memory: Optional[Sequence[mem.MemoryBlock]] = None,
+               mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
+               want_mem_kv: bool = False):
+    cfg = self.cfg
+    dtype = jnp.dtype(cfg.dtype)
+    b, t, _ = x.shape
+    h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+    g = h // kv
+    q = dense(h * d, ("embed", "heads"), "q_proj", dtype, cfg.init_std)(x).reshape(b, t, h, d)
+    k = dense(kv * d, ("embed", "kv_heads"), "k_proj", dtype, cfg.init_std)(x).reshape(b, t, kv, d)
+    v = dense(kv * d, ("embed", "kv_heads"), "v_proj", dtype, cfg.init_std)(x).reshape(b, t, kv, d)
+    q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
+
+    memory_layer = self.is_memory
+    scale = d ** -0.5
+    if memory_layer and cfg.mem_qk_norm:
+      q, k = _normalize(q), _normalize(k)
+      inv_temp = self.param("inv_temperature",
+                            nn.with_logical_partitioning(nn.initializers.constant(d ** 0.5), ("heads",)),
+                            (h,), jnp.float32)
+      q = q * inv_temp[:, None].astype(q.dtype)
+      scale = 1.0
+    # Memory keys: 'first' rotates them as if at position 0, which is the identity,
+    # so the raw projection is the memory key; 'none' uses no rotation at all.
+    k_mem = k
+    if not (memory_layer and cfg.mem_positions == "none"):
+      q = apply_rope(q, positions, cfg.rope_theta)
+      k = apply_rope(k, positions, cfg.rope_theta)
+    q = (q * scale).reshape(b, t, kv, g, d)
+
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    local_mask = causal[None, None, None] & token_mask[:, None, None, None, :]
+    local = mem.block_partial(mem.scores(q, k), local_mask, v)
+    aux = {}
+
+    extra = None
+    if memory_layer and plan is not None and plan[0].shape[-1] > 0:
+      extra, aux = self._crossbatch(q, k_mem, v, token_mask, plan)
+    elif memory_layer and memory:
+      if mem_mode == "dense":
+        extra = mem.dense_memory_partial(q, memory, mem_chunk)
+      elif mem_mode == "topk":
+        extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk)
+      else:
+        raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
+
+    if extra is None:
+      out = mem.finish(local)
+    elif cfg.mem_gating:
+      gate = self.param("mem_gate", nn.with_logical_partitioning(nn.initializers.zeros, ("heads",)),
+                        (h,), jnp.float32)
+      gate = jax.nn.sigmoid(gate).reshape(1, 1, kv, g, 1)
+      has_extra = (extra.l > 0).transpose(0, 3, 1, 2)[..., None]  # rows with no extra: local only
+      gate = jnp.where(has_extra, gate, 0.0)
+      out = gate * mem.finish(extra) + (1 - gate) * mem.finish(local)
+    else:
+      out = mem.finish(mem.merge(local, extra))
+    out = out.reshape(b, t, h * d).astype(dtype)
+    out = dense(cfg.hidden_size, ("heads", "embed"), "o_proj", dtype, cfg.init_std)(out)
+    if want_mem_kv and memory_layer:
+      aux["mem_kv"] = (k_mem, v)
+    return out, aux
+
+  def _crossbatch(self, q, k_mem, v, token_mask, plan):
+    """Extra contexts from other rows: plan.sources [B, N] (-1 = none), plan.positive [B, N]."""
+    sources, positive = plan
+    b, t, kv, d = k_mem.shape
+    n = sources.shape[1]
+    live = sources >= 0
+    src = jnp.where(live, sources, 0)
+    ek = k_mem[src].reshape(b, n * t, kv, d)  # [B, N*T, KV, D]
+    ev = v[src].reshape(b, n * t, kv, d)
+    if self.cfg.mem_stop_gradient:
+      ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
+    emask = (live[:, :, None] & token_mask[src]).reshape(b, n * t)
+    epos = jnp.broadcast_to(positive[:, :, None], (b, n, t)).reshape(b, n * t)
+    part = mem.block_partial(mem.scores(q, ek), emask[:, None, None, None, :], ev,
+                             positive=epos[:, None, None, None, :])
+    # r_d per query/head: positive mass over all extra mass; averaged over the
+    # valid queries of rows that have any extra context.
+    ratio = part.pos / jnp.maximum(part.l, 1e-30)  # [B, KV, G, T]
+    qmask = token_mask[:, None, None, :] & jnp.any(emask, axis=1)[:, None, None, None]
+    ratio = jnp.where(qmask, ratio, 0.0)
+    heads = ratio.shape[1] * ratio.shape[2]
+    aux = {"rd_num": jnp.sum(ratio) / heads, "rd_den": jnp.sum(qmask[:, 0, 0, :]).astype(jnp.float32)}
+    return part, aux

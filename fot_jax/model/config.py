@@ -1,0 +1,100 @@
+"""Model hyperparameters and the named sizes used across fot_jax."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+MEM_POSITIONS = ("first", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A LLaMA decoder; `mem_layers` are the FoT memory layers (0-based)."""
+  vocab_size: int = 32000
+  hidden_size: int = 4096
+  intermediate_size: int = 11008
+  num_layers: int = 32
+  num_heads: int = 32
+  num_kv_heads: Optional[int] = None  # None: multi-head attention
+  head_dim: Optional[int] = None  # None: hidden_size // num_heads
+  rope_theta: float = 10000.0
+  rms_norm_eps: float = 1e-6
+  tie_embeddings: bool = False
+  dtype: str = "float32"  # compute dtype; parameters stay float32
+  remat: bool = False
+  init_std: float = 0.02  # normal init of every weight matrix and the embedding
+  # FoT memory layers.
+  mem_layers: Tuple[int, ...] = ()
+  mem_positions: str = "first"  # 'first' (LongLLaMA) or 'none' (paper analysis)
+  mem_qk_norm: bool = False  # q/k normalisation + learnable per-head temperature
+  mem_gating: bool = False  # Memorizing-Transformer gate instead of concatenation
+  mem_stop_gradient: bool = False  # non-differentiable extra contexts (ablation)
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def dim_per_head(self) -> int:
+    return self.head_dim or self.hidden_size // self.num_heads
+
+  def validate(self) -> None:
+    def fail(field, msg):
+      raise ValueError(f"model.{field}: {msg}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
+      if getattr(self, name) <= 0:
+        fail(name, f"must be positive, got {getattr(self, name)}")
+    if self.head_dim is None and self.hidden_size % self.num_heads:
+      fail("num_heads", f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+    if self.num_heads % self.kv_heads:
+      fail("num_kv_heads", f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
+    if self.dim_per_head % 2:
+      fail("head_dim", f"RoPE needs an even head dimension, got {self.dim_per_head}")
+    for layer in self.mem_layers:
+      if not 0 <= layer < self.num_layers:
+        fail("mem_layers", f"layer {layer} is outside 0..{self.num_layers - 1}")
+    if len(set(self.mem_layers)) != len(self.mem_layers):
+      fail("mem_layers", f"repeated layer in {self.mem_layers}")
+    if self.mem_positions not in MEM_POSITIONS:
+      fail("mem_positions", f"must be one of {MEM_POSITIONS}, got {self.mem_positions!r}")
+    if self.dtype not in ("float32", "bfloat16", "float16"):
+      fail("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+  @property
+  def plain_llama(self) -> bool:
+    """True when the parameters are exactly those of a LLaMA checkpoint."""
+    return not (self.mem_qk_norm or self.mem_gating)
+
+
+# Named sizes. Memory layers follow the FoT paper / LongLLaMA.
+SIZES = {
+    # Unit tests: fast on CPU, still has GQA and two memory layers' worth of structure.
+    "tiny": ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
+                        num_heads=4, num_kv_heads=2, mem_layers=(1,)),
+    # The CPU demo's dictionary model (small enough to train in minutes on 2 cores).
+    "dict_cpu": ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=384, num_layers=4,
+                            num_heads=4, num_kv_heads=4, mem_layers=(2,), mem_positions="first"),
+    # The paper's 37M dictionary-lookup model (App. F), 8 layers of 512.
+    "dict_37m": ModelConfig(vocab_size=264, hidden_size=512, intermediate_size=1408, num_layers=8,
+                            num_heads=8, mem_layers=(5,), mem_positions="none"),
+    # The paper's 184M 12-layer analysis model (memory layer 8, no positions in it).
+    "analysis_184m": ModelConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                 num_layers=12, num_heads=8, mem_layers=(8,), mem_positions="none",
+                                 tie_embeddings=True),
+    # OpenLLaMA-3B shape, LongLLaMA-3B memory layers.
+    "openllama_3b": ModelConfig(vocab_size=32000, hidden_size=3200, intermediate_size=8640,
+                                num_layers=26, num_heads=32, mem_layers=(6, 12, 18),
+                                mem_positions="first", dtype="bfloat16", remat=True),
+    # OpenLLaMA-7B shape, LongLLaMA-7B memory layers.
+    "openllama_7b": ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                                num_layers=32, num_heads=32, mem_layers=(8, 16, 24),
+                                mem_positions="first", dtype="bfloat16", remat=True),
+}
+
+
+def get_size(name: str, **overrides) -> ModelConfig:
+  if name not in SIZES:
+    raise ValueError(f"model.size: unknown size {name!r}; known sizes: {sorted(SIZES)}")
+  cfg = dataclasses.replace(SIZES[name], **overrides)
+  cfg.validate()
+  return cfg

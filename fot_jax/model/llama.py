@@ -1,0 +1,108 @@
+"""LLaMA decoder in Flax linen with FoT memory layers."""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fot_jax.model.attention import Attention, dense
+from fot_jax.model.config import ModelConfig
+from fot_jax.model.memory import MemoryBlock
+
+
+class RMSNorm(nn.Module):
+  eps: float = 1e-6
+  dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x):
+    w = self.param("weight", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                   (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
+    return (y * w).astype(jnp.dtype(self.dtype))
+
+
+class MLP(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg, dtype = self.cfg, jnp.dtype(self.cfg.dtype)
+    gate = dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj", dtype, cfg.init_std)(x)
+    up = dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj", dtype, cfg.init_std)(x)
+    h = nn.with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+    return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj", dtype, cfg.init_std)(h)
+
+
+class DecoderLayer(nn.Module):
+  cfg: ModelConfig
+  is_memory: bool = False
+
+  @nn.compact
+  def __call__(self, x, positions, token_mask, plan=None, memory=None, mem_mode="dense",
+               mem_topk=32, mem_chunk=65536, want_mem_kv=False):
+    cfg = self.cfg
+    h, aux = Attention(cfg, self.is_memory, name="self_attn")(
+        RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_layernorm")(x), positions, token_mask,
+        plan, memory, mem_mode, mem_topk, mem_chunk, want_mem_kv)
+    x = x + h
+    x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="post_attention_layernorm")(x))
+    x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+    return x, aux
+
+
+class LlamaModel(nn.Module):
+  """tokens [B, T] -> logits [B, T, V] (float32) and aux metrics.
+
+  plan: (sources [B, N] int32, positive [B, N] bool) crossbatch plan, or None.
+  memories: {layer: [MemoryBlock, ...]} for memory inference, or None.
+  stop_after: run only layers 0..stop_after (used to fill memory cheaply); no logits.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions=None, token_mask=None, plan=None,
+               memories: Optional[Dict[int, Sequence[MemoryBlock]]] = None,
+               mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
+               want_mem_kv: bool = False, stop_after: Optional[int] = None):
+    cfg = self.cfg
+    b, t = tokens.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if token_mask is None:
+      token_mask = jnp.ones((b, t), bool)
+    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, name="embed_tokens", param_dtype=jnp.float32,
+                     embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+                                                                 ("vocab", "embed")))
+    x = embed(tokens).astype(jnp.dtype(cfg.dtype))
+    layer_cls = DecoderLayer
+    if cfg.remat:
+      layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9))
+    rd_num = jnp.zeros((), jnp.float32)
+    rd_den = jnp.zeros((), jnp.float32)
+    mem_kv = {}
+    last = cfg.num_layers - 1 if stop_after is None else stop_after
+    for i in range(last + 1):
+      is_mem = i in cfg.mem_layers
+      layer_memory = (memories or {}).get(i) if is_mem else None
+      x, aux = layer_cls(cfg, is_mem, name=f"layers_{i}")(
+          x, positions, token_mask, plan if is_mem else None, layer_memory, mem_mode, mem_topk,
+          mem_chunk, want_mem_kv)
+      if "rd_num" in aux:
+        rd_num, rd_den = rd_num + aux["rd_num"], rd_den + aux["rd_den"]
+      if "mem_kv" in aux:
+        mem_kv[i] = aux["mem_kv"]
+    out_aux = {"rd_num": rd_num, "rd_den": rd_den}
+    if want_mem_kv:
+      out_aux["mem_kv"] = mem_kv
+    if stop_after is not None:
+      return None, out_aux
+    x = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="norm")(x)
+    if cfg.tie_embeddings:
+      logits = embed.attend(x.astype(jnp.float32))
+    else:
+      logits = dense(cfg.vocab_size, ("embed", "vocab"), "lm_head", jnp.float32, cfg.init_std)(x.astype(jnp.float32))
+    return logits.astype(jnp.float32), out_aux

@@ -1,0 +1,127 @@
+"""Memory inference against the training-time crossbatch forward and plain attention."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fot_jax import crossbatch
+from fot_jax.inference import MemoryInference
+from fot_jax.model.config import get_size
+from fot_jax.model.llama import LlamaModel
+from fot_jax.train import init_params
+
+T = 8
+
+
+def _params(cfg, seed=0):
+  params = init_params(cfg, seed)
+  # Larger weights than the default init so attention is far from uniform and any
+  # mismatch in which keys are visible shows up in the logits.
+  return jax.tree_util.tree_map(lambda x: x * 4.0 if x.ndim == 2 else x, params)
+
+
+@pytest.mark.parametrize("positions", ["first", "none"])
+@pytest.mark.parametrize("mem_layers", [(1,), (0, 2)])
+def test_memory_of_positives_equals_crossbatch_forward(positions, mem_layers):
+  cfg = get_size("tiny", mem_positions=positions, mem_layers=mem_layers)
+  params = _params(cfg)
+  w, slots = 2, 3
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, cfg.vocab_size, (slots * (w + 1), T)).astype(np.int32)
+  if len(mem_layers) == 1:
+    plan = crossbatch.analysis_plan(len(tokens), d=1, w=w)  # the last window sees its positives
+  else:
+    # With several memory layers, window j's keys in a higher memory layer depend on what
+    # window j saw in the lower one, so every window must see its own earlier windows, as at
+    # inference: segments (0,0), (1,0), (2,0).
+    plan = crossbatch.segments_plan(len(tokens), [(j, 0) for j in range(w + 1)])
+  train_logits, _ = LlamaModel(cfg).apply({"params": params}, jnp.asarray(tokens), plan=plan.as_tuple())
+  infer = MemoryInference(cfg, params, window=T, mode="dense")
+  for s in range(slots):
+    stream = tokens[s * (w + 1):(s + 1) * (w + 1)].reshape(1, -1)  # the slot's windows in order
+    logits = infer.process(stream, infer.new_memory(1))
+    last = (s + 1) * (w + 1) - 1
+    np.testing.assert_allclose(logits[0, w * T:], np.asarray(train_logits[last]), atol=2e-5, rtol=1e-5)
+
+
+def test_negatives_in_memory_match_crossbatch_with_negatives():
+  """Memory = positives + another slot's windows equals the d=2 crossbatch row."""
+  cfg = get_size("tiny", mem_layers=(1,))
+  params = _params(cfg)
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, cfg.vocab_size, (4, T)).astype(np.int32)  # 2 slots x 2 windows
+  plan = crossbatch.analysis_plan(4, d=2, w=1)
+  train_logits, _ = LlamaModel(cfg).apply({"params": params}, jnp.asarray(tokens), plan=plan.as_tuple())
+  infer = MemoryInference(cfg, params, window=T, mode="dense")
+  memory = infer.new_memory(1)
+  infer.process(tokens[2:3], memory)  # slot 1's first window (the negative)
+  logits = infer.process(tokens[0:2].reshape(1, -1), memory)  # slot 0's windows
+  np.testing.assert_allclose(logits[0, T:], np.asarray(train_logits[1]), atol=2e-5, rtol=1e-5)
+
+
+def test_topk_with_k_covering_memory_equals_dense():
+  cfg = get_size("tiny", mem_layers=(1,))
+  params = _params(cfg)
+  toks = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 5 * T)).astype(np.int32)
+  dense = MemoryInference(cfg, params, T, "dense")
+  topk = MemoryInference(cfg, params, T, "topk", topk=4 * T, chunk=T)
+  a = dense.process(toks, dense.new_memory(2))
+  b = topk.process(toks, topk.new_memory(2))
+  np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_topk_selects_the_best_keys():
+  """With k < memory, top-k keeps only the k highest-scoring entries (NumPy check on one layer)."""
+  from fot_jax.model import memory as mem
+  rng = np.random.default_rng(3)
+  q = rng.normal(size=(1, 3, 1, 2, 4)).astype(np.float32)  # [B, T, KV, G, D]
+  k = rng.normal(size=(1, 50, 1, 4)).astype(np.float32)
+  v = rng.normal(size=(1, 50, 1, 4)).astype(np.float32)
+  live = np.ones((1, 50), bool)
+  live[0, 7] = False
+  part = mem.topk_memory_partial(jnp.asarray(q), [mem.MemoryBlock(jnp.asarray(k), jnp.asarray(v),
+                                                                  jnp.asarray(live))], k=5, chunk=16)
+  out = np.asarray(mem.finish(part))  # [B, T, KV, G, D]
+  for t in range(3):
+    for g in range(2):
+      s = k[0, :, 0] @ q[0, t, 0, g]
+      s[~live[0]] = -np.inf
+      idx = np.argsort(-s)[:5]
+      p = np.exp(s[idx] - s[idx].max())
+      p /= p.sum()
+      np.testing.assert_allclose(out[0, t, 0, g], p @ v[0, idx, 0], atol=1e-5)
+
+
+def test_memory_is_cleared_per_document_in_single_doc_mode():
+  cfg = get_size("tiny", mem_layers=(1,))
+  params = _params(cfg)
+  rng = np.random.default_rng(4)
+  docs = [rng.integers(0, cfg.vocab_size, n).astype(np.int32) for n in (3 * T, 2 * T + 3)]
+  infer = MemoryInference(cfg, params, T, "dense")
+  single = infer.documents(docs, "single_doc", batch=2)
+  alone = infer.process(docs[1][None], infer.new_memory(1))[0]
+  np.testing.assert_allclose(single[1], alone, atol=2e-5)
+  multi = infer.documents(docs, "multi_doc")
+  np.testing.assert_allclose(multi[0], single[0], atol=2e-5)  # first document: nothing earlier
+  assert np.abs(multi[1] - single[1]).max() > 1e-3  # second: the first one is in memory
+
+
+def test_memory_grows_past_initial_capacity():
+  cfg = get_size("tiny", mem_layers=(1,))
+  params = _params(cfg)
+  infer = MemoryInference(cfg, params, T, "dense")
+  memory = infer.new_memory(1)
+  memory.initial_capacity = 2 * T
+  toks = np.random.default_rng(5).integers(0, cfg.vocab_size, (1, 7 * T))
+  infer.process(toks, memory)
+  assert memory.size == 7 * T and memory.capacity >= 7 * T
+  ref = MemoryInference(cfg, params, T, "dense")
+  big = ref.new_memory(1)
+  big.initial_capacity = 1024
+  np.testing.assert_allclose(infer.process(toks, infer.new_memory(1)), ref.process(toks, big), atol=1e-5)
+
+
+def test_bad_mode_is_rejected():
+  cfg = get_size("tiny")
+  with pytest.raises(ValueError, match="inference.mode"):
+    MemoryInference(cfg, init_params(cfg, 0), T, "knn")
