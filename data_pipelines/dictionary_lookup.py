@@ -31,6 +31,15 @@ class DictionaryTask:
   value_len: int = 2
   n_defs: int = 64
   n_queries: int = 64
+  # How entries are written. Queries are always "k.. v..". Definitions:
+  #   "kv":  k.. v..          (plain)
+  #   "vkv": v.. k.. v..      (the value, the key, the value again)
+  # In "vkv" the closing value is predictable from two tokens back, so the LM loss
+  # scores it; that teaches a lower layer to carry the value onto the key's position,
+  # where a query naming the key finds it by matching the key token itself. A small
+  # model trained from scratch on a CPU budget does not find the two-step "kv"
+  # retrieval circuit in time (see the closing note of the demo issue).
+  layout: str = "kv"
 
   @property
   def vocab_size(self) -> int:
@@ -41,22 +50,32 @@ class DictionaryTask:
     return NUM_SPECIAL + self.num_symbols
 
   @property
-  def entry_len(self) -> int:
+  def def_len(self) -> int:
+    return self.key_len + self.value_len * (2 if self.layout == "vkv" else 1)
+
+  @property
+  def query_len(self) -> int:
     return self.key_len + self.value_len
+
+  def _definitions(self, keys, values):
+    parts = [values, keys, values] if self.layout == "vkv" else [keys, values]
+    return np.concatenate(parts, axis=1)
 
   @property
   def defs_len(self) -> int:
-    return self.n_defs * self.entry_len
+    return self.n_defs * self.def_len
 
   @property
   def queries_len(self) -> int:
-    return self.n_queries * self.entry_len
+    return self.n_queries * self.query_len
 
   @property
   def doc_len(self) -> int:
     return self.defs_len + self.queries_len
 
   def validate(self):
+    if self.layout not in ("kv", "vkv"):
+      raise ValueError(f"data.layout: must be 'kv' or 'vkv', got {self.layout!r}")
     if self.n_queries > self.n_defs:
       raise ValueError(f"data.n_queries={self.n_queries} exceeds data.n_defs={self.n_defs}: "
                        f"each query asks a distinct defined key")
@@ -80,37 +99,60 @@ class DictionaryTask:
     keys = self._random_keys(rng, n, exclude)
     values = rng.integers(0, self.num_value_symbols, (n, self.value_len)).astype(np.int32)
     values += self.value_offset
-    return np.concatenate([keys, values], axis=1).reshape(-1), keys, values
+    return self._definitions(keys, values).reshape(-1), keys, values
 
-  def document(self, rng, exclude=None):
-    """One document: dict(tokens [doc_len], loss_mask [doc_len], keys [n_defs, K])."""
-    defs, keys, values = self.definitions(rng, self.n_defs, exclude)
+  def document(self, rng, exclude=None, distinct=None):
+    """One document: dict(tokens [doc_len], value_mask [doc_len], keys [n_defs, K]).
+
+    distinct < n_defs repeats `distinct` definitions to fill the block (an easier
+    document, for a difficulty curriculum); queries then repeat keys too.
+    """
+    distinct = self.n_defs if distinct is None else min(int(distinct), self.n_defs)
+    defs, keys, values = self.definitions(rng, distinct, exclude)
+    if distinct < self.n_defs:
+      pick = np.concatenate([rng.permutation(distinct) for _ in range(-(-self.n_defs // distinct))])
+      pick = pick[:self.n_defs]
+      keys, values = keys[pick], values[pick]
+      defs = self._definitions(keys, values).reshape(-1)
     order = rng.permutation(self.n_defs)[: self.n_queries]
     queries = np.concatenate([keys[order], values[order]], axis=1)
     tokens = np.concatenate([defs, queries.reshape(-1)])
     # Scored positions: a value token of a query is the *target* of the previous position.
     mask = np.zeros(self.doc_len, bool)
-    qmask = np.zeros((self.n_queries, self.entry_len), bool)
+    qmask = np.zeros((self.n_queries, self.query_len), bool)
     qmask[:, self.key_len:] = True
     mask[self.defs_len:] = qmask.reshape(-1)
-    return {"tokens": tokens, "value_mask": mask, "keys": keys}
+    lm_mask = mask.copy()  # what training scores: query values (+ closing values in "vkv")
+    if self.layout == "vkv":
+      closing = np.zeros((self.n_defs, self.def_len), bool)
+      closing[:, self.value_len + self.key_len:] = True
+      lm_mask[:self.defs_len] = closing.reshape(-1)
+    return {"tokens": tokens, "value_mask": mask, "lm_mask": lm_mask, "keys": keys}
 
-  def batch(self, seed: int, step: int, n_docs: int):
-    """Deterministic documents for a training step: tokens [n_docs, doc_len], value_mask."""
+  def batch(self, seed: int, step: int, n_docs: int, distinct=None):
+    """Deterministic documents for a training step: tokens, lm_mask, value_mask [n_docs, doc_len]."""
     rng = np.random.default_rng([seed, step])
-    docs = [self.document(rng) for _ in range(n_docs)]
-    return (np.stack([d["tokens"] for d in docs]), np.stack([d["value_mask"] for d in docs]))
+    docs = [self.document(rng, distinct=distinct) for _ in range(n_docs)]
+    return (np.stack([d["tokens"] for d in docs]), np.stack([d["lm_mask"] for d in docs]),
+            np.stack([d["value_mask"] for d in docs]))
 
 
-def lm_example(tokens, value_mask):
-  """Next-token example from documents: inputs, targets, loss_mask (all [N, L]).
+def _shift(mask):
+  return np.concatenate([mask[:, 1:], np.zeros((mask.shape[0], 1), bool)], axis=1)
+
+
+def lm_example(tokens, lm_mask, value_mask=None):
+  """Next-token example from documents: inputs, targets, loss_mask (+ accuracy_mask), [N, L].
 
   The target of position i is token i+1; the last position predicts EOS, unscored.
+  loss_mask scores the tokens of lm_mask; accuracy_mask the query values.
   """
   n, l = tokens.shape
   targets = np.concatenate([tokens[:, 1:], np.full((n, 1), EOS, tokens.dtype)], axis=1)
-  loss_mask = np.concatenate([value_mask[:, 1:], np.zeros((n, 1), bool)], axis=1)
-  return {"inputs": tokens, "targets": targets, "loss_mask": loss_mask}
+  out = {"inputs": tokens, "targets": targets, "loss_mask": _shift(lm_mask)}
+  if value_mask is not None:
+    out["accuracy_mask"] = _shift(value_mask)
+  return out
 
 
 def to_windows(example, window: int):
@@ -127,9 +169,13 @@ def to_windows(example, window: int):
 class DictionaryBatches:
   """Training batches: each slot holds one whole document per step (k = doc_len / window)."""
 
-  def __init__(self, task: DictionaryTask, slots: int, window: int, seed: int):
+  def __init__(self, task: DictionaryTask, slots: int, window: int, seed: int,
+               distinct_start: int = 0, distinct_every: int = 0):
+    """distinct_start/every: difficulty curriculum; documents hold distinct_start distinct
+    definitions, doubling every distinct_every steps up to n_defs (0: off)."""
     task.validate()
     self.task, self.slots, self.window, self.seed = task, slots, window, seed
+    self.distinct_start, self.distinct_every = distinct_start, distinct_every
     if task.doc_len % window:
       raise ValueError(f"data.window={window} must divide the document length {task.doc_len}")
 
@@ -137,9 +183,14 @@ class DictionaryBatches:
   def pack(self) -> int:
     return self.task.doc_len // self.window
 
+  def distinct(self, step: int):
+    if not self.distinct_start:
+      return None
+    return min(self.task.n_defs, self.distinct_start * 2 ** (step // max(self.distinct_every, 1)))
+
   def __call__(self, step: int):
-    tokens, vmask = self.task.batch(self.seed, step, self.slots)
-    return to_windows(lm_example(tokens, vmask), self.window)
+    tokens, lm_mask, vmask = self.task.batch(self.seed, step, self.slots, self.distinct(step))
+    return to_windows(lm_example(tokens, lm_mask, vmask), self.window)
 
   def state_dict(self):  # stateless: batch n is a pure function of (seed, n)
     return {"seed": self.seed}

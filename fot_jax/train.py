@@ -67,23 +67,27 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1):
   """Returns step(state, batch, sources, positive) -> (state, metrics).
 
   batch: inputs/targets [B, T] int32, loss_mask [B, T] bool (already restricted
-  to scored rows). With accum_steps > 1 the batch is split into consecutive
+  to scored rows); optional accuracy_mask [B, T]: the tokens the `accuracy` metric
+  counts (default: loss_mask). With accum_steps > 1 the batch is split into consecutive
   groups of whole packs and the plan arrays hold one plan per group
   ([accum, B/accum, N], indices local to the group).
   """
   model = LlamaModel(cfg)
 
-  def micro_sums(params, inputs, targets, mask, sources, positive):
+  def micro_sums(params, inputs, targets, mask, acc_mask, sources, positive):
     plan = (sources, positive) if sources.shape[-1] else None
     logits, aux = model.apply({"params": params}, inputs, plan=plan)
-    loss_sum, correct, count = lm_loss_sums(logits, targets, mask)
-    return loss_sum, (correct, count, aux["rd_num"], aux["rd_den"])
+    loss_sum, _, count = lm_loss_sums(logits, targets, mask)
+    _, correct, acc_count = lm_loss_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
+    return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"])
 
   def step(state: TrainState, batch, sources, positive):
     def split(x):
       return x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:])
 
-    xs = (split(batch["inputs"]), split(batch["targets"]), split(batch["loss_mask"]), sources, positive)
+    acc_mask = batch.get("accuracy_mask", batch["loss_mask"])
+    xs = (split(batch["inputs"]), split(batch["targets"]), split(batch["loss_mask"]), split(acc_mask),
+          sources, positive)
     grad_fn = jax.value_and_grad(micro_sums, has_aux=True)
 
     def body(carry, x):
@@ -94,15 +98,16 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1):
       return (grads, sums), None
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-    (grads, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros(5, jnp.float32)), xs)
-    loss_sum, correct, count, rd_num, rd_den = sums
+    (grads, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros(6, jnp.float32)), xs)
+    loss_sum, correct, acc_count, count, rd_num, rd_den = sums
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss_sum / denom, "accuracy": correct / denom, "tokens_scored": count,
+    metrics = {"loss": loss_sum / denom, "accuracy": correct / jnp.maximum(acc_count, 1.0),
+               "tokens_scored": count,
                "rd": jnp.where(rd_den > 0, rd_num / jnp.maximum(rd_den, 1.0), jnp.nan),
-               "grad_norm": optax.global_norm(grads)}
+               "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return jax.jit(step, donate_argnums=(0,))
@@ -184,6 +189,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
                        f"{accum} groups of whole packs of {pack}")
     scored = crossbatch.scored_rows(rows, pack, train_cfg.get("loss_on", "all"))
     batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
+    if "accuracy_mask" in batch:
+      batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
     sources, positive = stacked_plan(spec, rows, accum)
     state, metrics = step_fn(state, batch, sources, positive)
     metrics = {k: float(v) for k, v in metrics.items()}

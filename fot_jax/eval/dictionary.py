@@ -39,7 +39,7 @@ class DictionaryEvalSet:
     self.task = task
     self.docs = [task.document(rng) for _ in range(n_docs)]
     exclude = {tuple(k) for d in self.docs for k in (d["keys"] - NUM_SPECIAL).tolist()}
-    n_defs = max_context // task.entry_len
+    n_defs = max_context // task.def_len
     pool, _, _ = task.definitions(rng, n_defs, exclude=exclude)
     self.pool = pool.astype(np.int32)
     self.depth_rng_seed = seed + 1
@@ -68,7 +68,7 @@ def _query_accuracy(task: DictionaryTask, logits_q: np.ndarray, docs: Sequence[d
     vmask = doc["value_mask"][task.defs_len:]
     token_ok = np.ones(len(q), bool)  # token t of the block is predicted at position t - 1
     token_ok[1:] = np.where(vmask[1:], np.argmax(lg[:-1], -1) == q[1:], True)
-    out.append(token_ok.reshape(task.n_queries, task.entry_len).all(axis=1))
+    out.append(token_ok.reshape(task.n_queries, task.query_len).all(axis=1))
   return np.stack(out)
 
 

@@ -22,13 +22,24 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"  # compute dtype; parameters stay float32
   remat: bool = False
-  init_std: float = 0.02  # normal init of every weight matrix and the embedding
+  init_std: float = 0.02  # normal init of every weight matrix
+  embed_init_std: Optional[float] = None  # embedding init; None: init_std
+  # Init every embedding with this multiple of one shared random vector added. It gives
+  # queries and keys a content-independent part at init, so RoPE heads start with
+  # positional preferences (e.g. previous token); tiny models trained from scratch learn
+  # in-context retrieval far sooner with it. Pure init choice: the architecture is LLaMA's.
+  embed_init_shared: float = 0.0
   # FoT memory layers.
   mem_layers: Tuple[int, ...] = ()
   mem_positions: str = "first"  # 'first' (LongLLaMA) or 'none' (paper analysis)
   mem_qk_norm: bool = False  # q/k normalisation + learnable per-head temperature
   mem_gating: bool = False  # Memorizing-Transformer gate instead of concatenation
   mem_stop_gradient: bool = False  # non-differentiable extra contexts (ablation)
+  # Initialise a memory layer's k_proj as a copy of its q_proj (an init choice only:
+  # parameters stay plain LLaMA). With mem_positions='none' each query then starts out
+  # preferring keys of its own token: a retrieval prior that lets small models trained
+  # from scratch learn lookup within a CPU budget.
+  mem_kq_tied_init: bool = False
 
   @property
   def kv_heads(self) -> int:
@@ -72,10 +83,11 @@ SIZES = {
     "tiny": ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
                         num_heads=4, num_kv_heads=2, mem_layers=(1,)),
     # The CPU demo's dictionary model (small enough to train in minutes on 2 cores).
-    "dict_cpu": ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=384, num_layers=4,
-                            num_heads=4, num_kv_heads=4, mem_layers=(2,), mem_positions="first"),
+    "dict_cpu": ModelConfig(vocab_size=520, hidden_size=64, intermediate_size=128, num_layers=3,
+                            num_heads=4, head_dim=16, mem_layers=(1,), mem_positions="none",
+                            init_std=0.1, embed_init_std=1.0),
     # The paper's 37M dictionary-lookup model (App. F), 8 layers of 512.
-    "dict_37m": ModelConfig(vocab_size=264, hidden_size=512, intermediate_size=1408, num_layers=8,
+    "dict_37m": ModelConfig(vocab_size=520, hidden_size=512, intermediate_size=1408, num_layers=8,
                             num_heads=8, mem_layers=(5,), mem_positions="none"),
     # The paper's 184M 12-layer analysis model (memory layer 8, no positions in it).
     "analysis_184m": ModelConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,

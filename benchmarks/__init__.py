@@ -1,0 +1,1 @@
+"""Benchmarks for fot_jax (run as modules: python -m benchmarks.<name>)."""
