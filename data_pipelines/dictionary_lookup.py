@@ -84,19 +84,31 @@ class DictionaryTask:
                        f"is too small for {self.n_defs} distinct keys")
 
   # -- generation ----------------------------------------------------------
-  def _random_keys(self, rng, n, exclude=None):
-    keys, seen = [], set()
-    while len(keys) < n:
-      k = tuple(rng.integers(0, self.num_symbols, self.key_len).tolist())
-      if k in seen or (exclude is not None and k in exclude):
-        continue
-      seen.add(k)
-      keys.append(k)
-    return np.asarray(keys, np.int32) + NUM_SPECIAL
+  def key_codes(self, keys) -> np.ndarray:
+    """Token keys [n, K] -> integer codes (base num_symbols)."""
+    digits = np.asarray(keys, np.int64) - NUM_SPECIAL
+    return digits @ (self.num_symbols ** np.arange(self.key_len - 1, -1, -1, dtype=np.int64))
 
-  def definitions(self, rng, n, exclude=None):
-    """n definitions with distinct keys (none in `exclude`): tokens [n * entry_len], keys, values."""
-    keys = self._random_keys(rng, n, exclude)
+  def _random_keys(self, rng, n, exclude=None, distinct=True):
+    """n random keys [n, K]; pairwise distinct if `distinct`; none whose code is in `exclude`."""
+    space = self.num_symbols ** self.key_len
+    exclude = np.zeros(0, np.int64) if exclude is None else np.asarray(exclude, np.int64)
+    codes = np.zeros(0, np.int64)
+    while len(codes) < n:
+      draw = rng.integers(0, space, 2 * (n - len(codes)) + 8)
+      draw = draw[~np.isin(draw, exclude)]
+      codes = np.concatenate([codes, draw])
+      if distinct:
+        _, first = np.unique(codes, return_index=True)
+        codes = codes[np.sort(first)]
+    codes = codes[:n]
+    digits = (codes[:, None] // self.num_symbols ** np.arange(self.key_len - 1, -1, -1)) % self.num_symbols
+    return digits.astype(np.int32) + NUM_SPECIAL
+
+  def definitions(self, rng, n, exclude=None, distinct=True):
+    """n definitions (keys pairwise distinct if `distinct`, none with a code in `exclude`):
+    tokens [n * def_len], keys [n, K], values [n, V]."""
+    keys = self._random_keys(rng, n, exclude, distinct)
     values = rng.integers(0, self.num_value_symbols, (n, self.value_len)).astype(np.int32)
     values += self.value_offset
     return self._definitions(keys, values).reshape(-1), keys, values

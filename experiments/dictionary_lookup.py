@@ -40,7 +40,7 @@ def get_config():
   })
   c.eval = ml_collections.ConfigDict({
       "memory_tokens": [256, 1024, 4096, 16384, 65536, 262144, 1048576],
-      "n_docs": 16, "mode": "topk", "topk": 32, "batch": 8, "chunk": 8192, "seed": 1234,
+      "n_docs": 8, "mode": "topk", "topk": 32, "batch": 8, "chunk": 8192, "seed": 1234,
   })
   return c
 

@@ -23,6 +23,8 @@ def main(argv):
   del argv
   if _CONFIG.value is None or _WORKDIR.value is None:
     sys.exit("fot_jax.main: both --config=experiments/FILE.py and --workdir=DIR are required")
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   from fot_jax import configs
   config = _CONFIG.value
   try:

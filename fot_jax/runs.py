@@ -57,6 +57,10 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
 def _train_arm(cfg, config, name, schedule, batches, workdir, do_train):
   tc = _arm_train_cfg(config, name)
   if not do_train:
+    ckpt = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(ckpt) or not os.listdir(ckpt):
+      raise SystemExit(f"--mode=evaluate: no checkpoint for '{name}' under {ckpt}; "
+                       f"train first (--mode=train) or point --workdir at a trained run")
     tc = dict(tc, steps=0)
   out = train(cfg, tc, schedule, batches, workdir, name=name)
   hist = out["history"]

@@ -389,11 +389,6 @@ def test_model_rd_over_memory_layers():
   assert 0.0 < r_d < 1.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: a plan with zero source columns (sources shape [B, 0], e.g. empty_plan, "
-    "plan_from_spec({}) or analysis (d=1, w=0)) crashes in fot_jax/model/memory.py block_partial "
-    "(jnp.max over a zero-size axis, called from attention.py Attention._crossbatch) instead of "
-    "behaving like plan=None"))
 @pytest.mark.parametrize("make_plan", [lambda: cb.empty_plan(6), lambda: cb.plan_from_spec(6, {}),
                                        lambda: cb.analysis_plan(6, 1, 0)],
                          ids=["empty_plan", "spec_none", "analysis_d1_w0"])

@@ -176,10 +176,6 @@ def test_negative_d():
   _raises_naming("d", cb.analysis_plan, 8, -1, 1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: crossbatch.analysis_plan computes batch_size % (w + 1) before validating w, so "
-    "w=-1 raises ZeroDivisionError and w=-2 raises a misleading 'crossbatch.d' error "
-    "(batch has -8 slots) instead of a ValueError naming w"))
 @pytest.mark.parametrize("w", [-1, -2])
 def test_negative_w(w):
   _raises_naming("w", cb.analysis_plan, 8, 2, w)

@@ -16,13 +16,14 @@ inference.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from data_pipelines.dictionary_lookup import NUM_SPECIAL, DictionaryTask
+from data_pipelines.dictionary_lookup import DictionaryTask
 from fot_jax.inference import MemoryInference, _window
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.memory import MemoryBlock
@@ -38,9 +39,11 @@ class DictionaryEvalSet:
     rng = np.random.default_rng(seed)
     self.task = task
     self.docs = [task.document(rng) for _ in range(n_docs)]
-    exclude = {tuple(k) for d in self.docs for k in (d["keys"] - NUM_SPECIAL).tolist()}
+    exclude = np.concatenate([task.key_codes(d["keys"]) for d in self.docs])
     n_defs = max_context // task.def_len
-    pool, _, _ = task.definitions(rng, n_defs, exclude=exclude)
+    # Distractor keys may repeat among themselves; none equals a target key, so every
+    # query has exactly one answer in memory.
+    pool, _, _ = task.definitions(rng, n_defs, exclude=exclude, distinct=False)
     self.pool = pool.astype(np.int32)
     self.depth_rng_seed = seed + 1
 
@@ -74,10 +77,11 @@ def _query_accuracy(task: DictionaryTask, logits_q: np.ndarray, docs: Sequence[d
 
 def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
              contexts: Sequence[int], mode: str = "topk", topk: int = 32, batch: int = 8,
-             chunk: int = 8192, log: Callable[[str], None] = print, name: str = "") -> Dict[str, List]:
+             chunk: int = 8192, log: Optional[Callable[[str], None]] = None, name: str = "") -> Dict[str, List]:
   """Accuracy against context size. Returns lists: memory_tokens (context M),
   tokens_in_memory, accuracy, seconds."""
   task = evalset.task
+  log = log or functools.partial(print, flush=True)
   if task.queries_len > window:
     raise ValueError(f"eval: the query block ({task.queries_len} tokens) must fit the window {window}")
   mem_layers = cfg.mem_layers
@@ -107,8 +111,9 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
         raise ValueError(f"eval.memory_tokens: {context} must be a multiple of the window {window} "
                          f"once it does not fit the local window")
       in_memory = context
-      if shared is None or shared[0].shape[1] < context:
-        shared = _encode_windows(cfg, params, evalset.pool[:context], window, layer, chunk)
+      if shared is None or shared[0].shape[1] < context:  # once, for the largest context
+        largest = max(c for c in contexts if c + task.queries_len > window)
+        shared = _encode_windows(cfg, params, evalset.pool[:largest], window, layer, chunk)
       sk, sv = shared[0][:, :context], shared[1][:, :context]
       depths = evalset.depths(context)
       for s in range(0, n, batch):

@@ -1,0 +1,57 @@
+"""The main job end to end on a few-second config, and config validation."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import dictionary_lookup
+from fot_jax import configs, runs
+
+
+def test_dictionary_job_writes_results_and_plot(tmp_path):
+  config = dictionary_lookup.get_test_config()
+  configs.validate(config)
+  results = runs.run_dictionary_lookup(config, str(tmp_path))
+  saved = json.loads((tmp_path / "results.json").read_text())
+  for arm in ("fot", "baseline"):
+    assert saved[arm]["memory_tokens"] == [256, 1024, 2048]
+    assert len(saved[arm]["accuracy"]) == 3
+    assert all(0.0 <= a <= 1.0 for a in saved[arm]["accuracy"])
+  assert saved["fot"]["tokens_in_memory"] == [256, 1024, 2048]
+  assert saved["baseline"]["tokens_in_memory"] == [0, 1024, 2048]  # 256 + queries fit its window
+  assert saved["fot"]["curriculum_switched_at"] == 2  # max_step forces the switch
+  assert (tmp_path / "dictionary_lookup.png").stat().st_size > 1000
+  assert (tmp_path / "fot" / "metrics.jsonl").exists()
+  # Running again resumes from the checkpoints instead of training again.
+  again = runs.run_dictionary_lookup(config, str(tmp_path))
+  assert again["fot"]["accuracy"] == results["fot"]["accuracy"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("fot.window", 200, "fot.window"),
+    ("eval.memory_tokens", (300,), "eval.memory_tokens"),
+    ("fot.curriculum.after", {"d": 64, "w": 1}, "crossbatch.d"),
+    ("fot.curriculum.before", {"d": 1, "w": 3}, "pack size"),
+    ("model.overrides.vocab_size", 100, "vocab_size"),
+    ("model.size", "huge", "model.size"),
+    ("optim.lr", -1.0, "optim.lr"),
+])
+def test_validate_names_the_bad_field(field, value, message):
+  config = dictionary_lookup.get_config()
+  node = config
+  *parents, leaf = field.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  with pytest.raises(ValueError, match=message):
+    configs.validate(config)
+
+
+def test_cli_reports_config_errors_without_traceback(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "fot_jax.main", "--config=experiments/dictionary_lookup.py",
+                         "--config.fot.window=200", f"--workdir={tmp_path}"], capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode != 0
+  assert "config error: fot.window=200" in proc.stderr
+  assert "Traceback" not in proc.stderr
