@@ -29,7 +29,8 @@ DOC_MODES = ("single_doc", "multi_doc")
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "stop_after"))
-def _window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, stop_after=None):
+def forward_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, stop_after=None):
+  """One window through the model with memory -> (logits or None, {layer: (keys, values)})."""
   logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask,
                                       memories=memories, mem_mode=mode, mem_topk=topk,
                                       mem_chunk=chunk, want_mem_kv=True, stop_after=stop_after)
@@ -131,7 +132,7 @@ class MemoryInference:
       if n < self.window:
         tok = np.pad(tok, [(0, 0), (0, self.window - n)])
         msk = np.pad(msk, [(0, 0), (0, self.window - n)])
-      logits, mem_kv = _window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),
+      logits, mem_kv = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),
                                self.cfg, self.mode, self.topk, self.chunk, stop_after)
       memory.add(mem_kv, jnp.asarray(msk))
       if want_logits and logits is not None:

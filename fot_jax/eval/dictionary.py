@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax.inference import MemoryInference, _window
+from fot_jax.inference import MemoryInference, forward_window
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.memory import MemoryBlock
 
@@ -104,7 +104,7 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
       for s in range(0, n, batch):
         rows = range(s, min(n, s + batch))
         toks = np.stack([evalset.stream(i, context) for i in rows])
-        logits, _ = _window(params, jnp.asarray(toks), jnp.ones(toks.shape, bool), None, cfg, mode, topk, chunk)
+        logits, _ = forward_window(params, jnp.asarray(toks), jnp.ones(toks.shape, bool), None, cfg, mode, topk, chunk)
         hits.append(_query_accuracy(task, np.asarray(logits[:, context:]), [evalset.docs[i] for i in rows]))
     else:
       if context % window:
@@ -121,7 +121,7 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
         own_w = [(depths[i] * task.defs_len) // window for i in rows]
         own_tokens = np.stack([evalset.stream(i, context)[w * window:(w + 1) * window]
                                for i, w in zip(rows, own_w)])
-        _, own_kv = _window(params, jnp.asarray(own_tokens), jnp.ones(own_tokens.shape, bool), None,
+        _, own_kv = forward_window(params, jnp.asarray(own_tokens), jnp.ones(own_tokens.shape, bool), None,
                             cfg, mode, topk, chunk, stop_after=layer)
         mask = np.ones((len(rows), context), bool)
         for r, w in enumerate(own_w):
@@ -130,7 +130,7 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
                           MemoryBlock(own_kv[layer][0], own_kv[layer][1],
                                       jnp.ones(own_tokens.shape, bool))]}
         queries = np.stack([evalset.docs[i]["tokens"][task.defs_len:] for i in rows])
-        logits, _ = _window(params, jnp.asarray(queries), jnp.ones(queries.shape, bool), blocks,
+        logits, _ = forward_window(params, jnp.asarray(queries), jnp.ones(queries.shape, bool), blocks,
                             cfg, mode, topk, chunk)
         hits.append(_query_accuracy(task, np.asarray(logits), [evalset.docs[i] for i in rows]))
     acc = float(np.concatenate(hits).mean())
@@ -153,7 +153,7 @@ def _encode_windows(cfg, params, tokens: np.ndarray, window: int, layer: int, ch
     part = wins[s:s + windows_per_call]
     if len(part) < windows_per_call and n_win > windows_per_call:  # keep one compiled shape
       part = np.pad(part, [(0, windows_per_call - len(part)), (0, 0)])
-    _, kv = _window(params, jnp.asarray(part), jnp.ones(part.shape, bool), None, cfg, "dense", 1, chunk,
+    _, kv = forward_window(params, jnp.asarray(part), jnp.ones(part.shape, bool), None, cfg, "dense", 1, chunk,
                     stop_after=layer)
     take = min(windows_per_call, n_win - s)
     ks.append(np.asarray(kv[layer][0][:take]).reshape(1, take * window, *kv[layer][0].shape[2:]))
