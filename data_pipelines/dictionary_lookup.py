@@ -31,14 +31,9 @@ class DictionaryTask:
   value_len: int = 2
   n_defs: int = 64
   n_queries: int = 64
-  # How entries are written. Queries are always "k.. v..". Definitions:
-  #   "kv":  k.. v..          (plain)
-  #   "vkv": v.. k.. v..      (the value, the key, the value again)
-  # In "vkv" the closing value is predictable from two tokens back, so the LM loss
-  # scores it; that teaches a lower layer to carry the value onto the key's position,
-  # where a query naming the key finds it by matching the key token itself. A small
-  # model trained from scratch on a CPU budget does not find the two-step "kv"
-  # retrieval circuit in time (see the closing note of the demo issue).
+  # How definitions are written (queries are always "k.. v.."): "kv" = k.. v..;
+  # "vkv" = v.. k.. v.. (value, key, value again; the closing value is scored by the LM
+  # loss). "vkv" was tried as an easier-to-learn layout; it did not learn faster here.
   layout: str = "kv"
 
   @property

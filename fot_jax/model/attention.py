@@ -41,17 +41,8 @@ class Attention(nn.Module):
     b, t, _ = x.shape
     h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
     g = h // kv
-    q_dense = dense(h * d, ("embed", "heads"), "q_proj", dtype, cfg.init_std)
-    q = q_dense(x).reshape(b, t, h, d)
-    if self.is_memory and cfg.mem_kq_tied_init:
-      q_kernel = nn.meta.unbox(q_dense.variables["params"]["kernel"])
-      k_dense = nn.Dense(kv * d, use_bias=False, name="k_proj", dtype=dtype, param_dtype=jnp.float32,
-                         kernel_init=nn.with_logical_partitioning(
-                             lambda key, shape, dt=jnp.float32: jnp.array(q_kernel[:, :shape[1]], dtype=dt, copy=True),
-                             ("embed", "kv_heads")))
-    else:
-      k_dense = dense(kv * d, ("embed", "kv_heads"), "k_proj", dtype, cfg.init_std)
-    k = k_dense(x).reshape(b, t, kv, d)
+    q = dense(h * d, ("embed", "heads"), "q_proj", dtype, cfg.init_std)(x).reshape(b, t, h, d)
+    k = dense(kv * d, ("embed", "kv_heads"), "k_proj", dtype, cfg.init_std)(x).reshape(b, t, kv, d)
     v = dense(kv * d, ("embed", "kv_heads"), "v_proj", dtype, cfg.init_std)(x).reshape(b, t, kv, d)
     q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
 

@@ -24,22 +24,12 @@ class ModelConfig:
   remat: bool = False
   init_std: float = 0.02  # normal init of every weight matrix
   embed_init_std: Optional[float] = None  # embedding init; None: init_std
-  # Init every embedding with this multiple of one shared random vector added. It gives
-  # queries and keys a content-independent part at init, so RoPE heads start with
-  # positional preferences (e.g. previous token); tiny models trained from scratch learn
-  # in-context retrieval far sooner with it. Pure init choice: the architecture is LLaMA's.
-  embed_init_shared: float = 0.0
   # FoT memory layers.
   mem_layers: Tuple[int, ...] = ()
   mem_positions: str = "first"  # 'first' (LongLLaMA) or 'none' (paper analysis)
   mem_qk_norm: bool = False  # q/k normalisation + learnable per-head temperature
   mem_gating: bool = False  # Memorizing-Transformer gate instead of concatenation
   mem_stop_gradient: bool = False  # non-differentiable extra contexts (ablation)
-  # Initialise a memory layer's k_proj as a copy of its q_proj (an init choice only:
-  # parameters stay plain LLaMA). With mem_positions='none' each query then starts out
-  # preferring keys of its own token: a retrieval prior that lets small models trained
-  # from scratch learn lookup within a CPU budget.
-  mem_kq_tied_init: bool = False
 
   @property
   def kv_heads(self) -> int:

@@ -12,19 +12,6 @@ from fot_jax.model.config import ModelConfig
 from fot_jax.model.memory import MemoryBlock
 
 
-def _embed_init(cfg: ModelConfig):
-  std = cfg.embed_init_std or cfg.init_std
-
-  def init(key, shape, dtype=jnp.float32):
-    k1, k2 = jax.random.split(key)
-    table = std * jax.random.normal(k1, shape, dtype)
-    if cfg.embed_init_shared:
-      table = table + cfg.embed_init_shared * std * jax.random.normal(k2, shape[1:], dtype)
-    return table
-
-  return init
-
-
 class RMSNorm(nn.Module):
   eps: float = 1e-6
   dtype: str = "float32"
@@ -88,7 +75,8 @@ class LlamaModel(nn.Module):
     if token_mask is None:
       token_mask = jnp.ones((b, t), bool)
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, name="embed_tokens", param_dtype=jnp.float32,
-                     embedding_init=nn.with_logical_partitioning(_embed_init(cfg), ("vocab", "embed")))
+                     embedding_init=nn.with_logical_partitioning(
+                         nn.initializers.normal(cfg.embed_init_std or cfg.init_std), ("vocab", "embed")))
     x = embed(tokens).astype(jnp.dtype(cfg.dtype))
     layer_cls = DecoderLayer
     if cfg.remat:
