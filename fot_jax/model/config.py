@@ -61,15 +61,10 @@ class ModelConfig:
     if self.dtype not in ("float32", "bfloat16", "float16"):
       fail("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
 
-  @property
-  def plain_llama(self) -> bool:
-    """True when the parameters are exactly those of a LLaMA checkpoint."""
-    return not (self.mem_qk_norm or self.mem_gating)
-
 
 # Named sizes. Memory layers follow the FoT paper / LongLLaMA.
 SIZES = {
-    # Unit tests: fast on CPU, still has GQA and two memory layers' worth of structure.
+    # Unit tests: fast on CPU, with GQA and one memory layer.
     "tiny": ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
                         num_heads=4, num_kv_heads=2, mem_layers=(1,)),
     # The CPU demo's dictionary model (small enough to train in minutes on 2 cores).
