@@ -151,21 +151,36 @@ def _checkpoint_manager(workdir: str, keep: int = 2):
                                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
 
+def params_from_checkpoint(path: str, model_cfg: ModelConfig):
+  """`train.init_from`: the parameters of an fot_jax checkpoint (import_hf output or a training
+  workdir), checked against model_cfg; the caller starts a fresh optimizer state."""
+  from fot_jax.convert import checkpoint  # a training run that never imports stays light
+  try:
+    params = checkpoint.load(path).params
+    checkpoint.check_params(params, model_cfg, path)
+  except checkpoint.ConvertError as e:
+    raise ValueError(f"train.init_from: {e}") from None
+  return params
+
+
 def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Callable[[int], Dict[str, np.ndarray]],
           workdir: str, name: str = "train", init_params_tree=None) -> Dict[str, Any]:
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds'}.
 
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
-  checkpoint_every, optim (see make_optimizer).
+  checkpoint_every, optim (see make_optimizer), init_from (fot_jax checkpoint to start from;
+  resuming from workdir's own checkpoints wins over it).
   batch_fn(step) -> inputs/targets/loss_mask [B, T]; rows in packs of schedule.pack.
   """
   steps = int(train_cfg["steps"])
   accum = int(train_cfg.get("accum_steps", 1))
   pack = schedule.pack
   optimizer = make_optimizer(train_cfg["optim"])
+  manager = _checkpoint_manager(workdir)
+  if init_params_tree is None and train_cfg.get("init_from") and manager.latest_step() is None:
+    init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
   params = init_params_tree if init_params_tree is not None else init_params(model_cfg, int(train_cfg.get("seed", 0)))
   state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
-  manager = _checkpoint_manager(workdir)
   start = 0
   if manager.latest_step() is not None:
     start = manager.latest_step()
@@ -191,6 +206,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
     batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
     if "accuracy_mask" in batch:
       batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
+    if step == start:  # lets export_hf / from_pretrained read this workdir
+      from fot_jax.convert.checkpoint import write_model_json
+      write_model_json(workdir, model_cfg, window=seq)
     sources, positive = stacked_plan(spec, rows, accum)
     state, metrics = step_fn(state, batch, sources, positive)
     metrics = {k: float(v) for k, v in metrics.items()}
