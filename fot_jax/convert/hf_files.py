@@ -99,7 +99,10 @@ class WeightReader:
     if path not in self._bins:
       import torch
       try:
-        self._bins[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:
+          self._bins[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # pre-zip (legacy) files cannot be memory-mapped
+          self._bins[path] = torch.load(path, map_location="cpu", weights_only=True)
       except Exception as e:
         raise ConvertError(f"{path}: unreadable PyTorch weight file, truncated or corrupt ({e})") from None
     return self._bins[path]

@@ -160,10 +160,10 @@ def params_from_hf(reader, cfg: ModelConfig, source: str) -> dict:
     if path[-1] in FOT_ONLY_INIT and name not in reader.files:  # plain LLaMA -> FoT with these options
       _set(params, path, FOT_ONLY_INIT[path[-1]](cfg))
       continue
-    arr = reader.get(name)
-    arr = arr.T if transpose else arr
+    raw = reader.get(name)
+    arr = raw.T if transpose else raw
     if tuple(arr.shape) != shapes[path]:
-      raise ConvertError(f"{reader.files[name]}: tensor {name} has shape {tuple(reader.get(name).shape)}, "
+      raise ConvertError(f"{reader.files[name]}: tensor {name} has shape {tuple(raw.shape)}, "
                          f"but {source} implies {shapes[path][::-1] if transpose else shapes[path]}; "
                          f"the config does not match the weights")
     _set(params, path, np.ascontiguousarray(arr, np.float32))
