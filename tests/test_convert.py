@@ -9,39 +9,13 @@ import jax
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import fot_jax
 from fot_jax.convert import ConvertError, export_hf, import_hf
 from fot_jax.convert.__main__ import main as convert_main
 from fot_jax.convert.checkpoint import load
-
-VOCAB = 37  # odd, like 32016
-
-
-def make_hf(directory, kv_heads=2, tied=False, dtype=torch.float32, layers=2):
-  """A random LlamaForCausalLM saved to `directory`; returns the fp32 model (weights as saved)."""
-  torch.manual_seed(len(str(directory)) + kv_heads + int(tied))
-  cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-                    num_attention_heads=4, num_key_value_heads=kv_heads, rope_theta=5000.0,
-                    rms_norm_eps=1e-5, tie_word_embeddings=tied, max_position_embeddings=8,
-                    initializer_range=0.3)
-  model = LlamaForCausalLM(cfg).eval()
-  with torch.no_grad():  # random norms too, so a swapped norm weight shows
-    for name, p in model.named_parameters():
-      if "norm" in name:
-        p.copy_(1 + 0.3 * torch.randn_like(p))
-  if dtype == torch.float32:
-    model.save_pretrained(directory)
-    return model
-  model.to(dtype).save_pretrained(directory)  # the fp32 reference reloads the rounded weights
-  return LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-
-
-def torch_logits(model, tokens):
-  with torch.no_grad():
-    return model(torch.as_tensor(tokens)).logits.numpy()
-
+from tests.hf_models import VOCAB, make_hf, torch_logits
 
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, 11))
 
@@ -185,8 +159,9 @@ def test_cli_round_trip_and_error(tmp_path, capsys):
   hf = make_hf(tmp_path / "hf", tied=True)
   convert_main(["import_hf", "--hf_dir", str(tmp_path / "hf"), "--out", str(tmp_path / "ck"),
                 "--mem_layers", "0,1", "--mem_positions", "none"])
-  convert_main(["export_hf", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "out"),
-                "--dtype", "float32", "--max_shard_size", "15KB"])
+  with pytest.warns(UserWarning, match="mem_positions='none'"):
+    convert_main(["export_hf", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "out"),
+                  "--dtype", "float32", "--max_shard_size", "15KB"])
   config = json.loads((tmp_path / "out" / "config.json").read_text())
   assert config["mem_layers"] == [0, 1] and config["mem_positionals"] is False
   back = LlamaForCausalLM.from_pretrained(str(tmp_path / "out")).eval()

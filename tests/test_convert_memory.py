@@ -12,7 +12,7 @@ from fot_jax.convert.torch_reference import TorchMemoryLlama
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig
 from fot_jax.train import train
-from tests.test_convert import VOCAB, make_hf, torch_logits
+from tests.hf_models import VOCAB, make_hf, torch_logits
 
 WINDOW = 8
 

@@ -87,10 +87,6 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
     raise ConvertError(f"{ck.path}: the model has parameters plain LLaMA lacks ({', '.join(extras)}); "
                        f"LlamaForCausalLM would drop them. Pass --fot_jax_only for an export only "
                        f"fot_jax reads back")
-  if ck.cfg.mem_positions == "none":
-    warnings.warn(f"{ck.path}: mem_positions='none' (memory layers without RoPE) is exported as LongLLaMA's "
-                  f"mem_positionals=false; plain LlamaForCausalLM applies RoPE in every layer and so "
-                  f"differs from this model (fot_jax.convert.torch_reference follows it)", stacklevel=2)
   window = window or ck.window
   if not window:
     raise ConvertError(f"{ck.path}: the checkpoint does not record its window; pass --window")
@@ -105,6 +101,10 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
     json.dump(config, f, indent=2)
   if tokenizer:
     _write_tokenizer(tokenizer, out, int(window))
+  if ck.cfg.mem_positions == "none":
+    warnings.warn(f"{ck.path}: mem_positions='none' (memory layers without RoPE) is exported as LongLLaMA's "
+                  f"mem_positionals=false; plain LlamaForCausalLM applies RoPE in every layer and so "
+                  f"differs from this model (fot_jax.convert.torch_reference follows it)", stacklevel=2)
   return out
 
 

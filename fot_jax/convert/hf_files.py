@@ -154,7 +154,7 @@ def write_safetensors(out_dir: str, tensors: Dict[str, np.ndarray], dtype: str, 
   tdtype = getattr(torch, dtype)
   shards, current, size = [], {}, 0
   for name, arr in tensors.items():
-    t = torch.from_numpy(np.ascontiguousarray(arr, np.float32)).to(tdtype)
+    t = torch.from_numpy(np.require(arr, np.float32, ["C", "W"])).to(tdtype)  # torch wants writable
     nbytes = t.numel() * t.element_size()
     if current and size + nbytes > max_shard_bytes:
       shards.append(current)
