@@ -48,6 +48,10 @@ def test_import_export_match_transformers(tmp_path, kv_heads, tied):
   for (_, a), (_, b) in zip(first, second):
     assert a.dtype == b.dtype and np.array_equal(a, b)
   assert load(str(tmp_path / "ck2")).cfg == load(str(ck)).cfg
+  # ModelConfig overrides over an fot_jax checkpoint: checked against its parameters
+  assert fot_jax.from_pretrained(str(ck), mem_layers=(0, 1)).cfg.mem_layers == (0, 1)
+  with pytest.raises(ConvertError, match="intermediate_size|mlp"):
+    fot_jax.from_pretrained(str(ck), intermediate_size=64)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -17,7 +17,7 @@ def _layers(text: str):
   try:
     return tuple(int(x) for x in text.split(","))
   except ValueError:
-    raise argparse.ArgumentTypeError(f"--mem_layers: expected comma-separated layer numbers, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, got {text!r}")
 
 
 def _parser() -> argparse.ArgumentParser:

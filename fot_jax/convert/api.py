@@ -1,6 +1,7 @@
 """import_hf / export_hf and the user-facing `from_pretrained` model object."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -43,7 +44,8 @@ def load_hf(hf_dir: str, **overrides) -> Checkpoint:
 
 def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
   """HF directory -> fot_jax checkpoint at `out` (a new or empty directory)."""
-  ensure_empty_dir(out)  # fail before reading gigabytes
+  read_json(_hf_config_path(hf_dir))  # a wrong source fails before anything is created
+  ensure_empty_dir(out)  # and a used output before gigabytes are read
   ck = load_hf(hf_dir, **overrides)
   checkpoint.save(out, ck.params, ck.cfg, ck.window, tokenizer=ck.tokenizer_path,
                   source=ck.meta["source"], hf=ck.meta["hf"])
@@ -53,10 +55,18 @@ def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
 def load_any(path: str, **overrides) -> Checkpoint:
   """An fot_jax checkpoint (imported or a training workdir) or a Hugging Face directory."""
   if os.path.isfile(os.path.join(path, checkpoint.MODEL_JSON)):
-    if overrides:
-      raise ConvertError(f"{path}: model overrides apply to Hugging Face directories only; "
-                         f"an fot_jax checkpoint carries its own config ({checkpoint.MODEL_JSON})")
-    return checkpoint.load(path)
+    ck = checkpoint.load(path)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides:  # e.g. another compute dtype or other memory layers over the same weights
+      if "mem_layers" in overrides:
+        overrides["mem_layers"] = tuple(int(x) for x in overrides["mem_layers"])
+      ck.cfg = dataclasses.replace(ck.cfg, **overrides)
+      try:
+        ck.cfg.validate()
+      except ValueError as e:
+        raise ConvertError(f"{path}: {e}") from None
+      checkpoint.check_params(ck.params, ck.cfg, path)
+    return ck
   if os.path.isfile(os.path.join(path, "config.json")):
     return load_hf(path, **overrides)
   raise ConvertError(f"{path}: neither an fot_jax checkpoint ({checkpoint.MODEL_JSON}) nor a "
