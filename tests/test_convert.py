@@ -120,6 +120,11 @@ def test_errors_name_the_file_or_tensor(tmp_path):
   (trunc / "pytorch_model.bin").write_bytes(data[:len(data) // 2])
   msg = _error(fot_jax.from_pretrained, str(trunc))
   assert str(trunc / "pytorch_model.bin") in msg
+  # a tensor the config needs is absent
+  (trunc / "pytorch_model.bin").unlink()
+  torch.save({k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}, trunc / "pytorch_model.bin")
+  msg = _error(fot_jax.from_pretrained, str(trunc))
+  assert "tensor lm_head.weight is missing" in msg and str(trunc) in msg
   # not LLaMA-like: mixture of experts, and a foreign model_type
   config = json.loads((hf_dir / "config.json").read_text())
   for change, word in (({"num_local_experts": 8}, "mixture-of-experts"), ({"model_type": "gpt2"}, "gpt2")):
