@@ -21,6 +21,8 @@ LongLLaMA's proportions over whichever of its sources the user has registered.
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
@@ -36,6 +38,7 @@ _TEXT_FEATURES = {TEXT: seqio.Feature(seqio.PassThroughVocabulary(1), dtype=tf.s
 _TOKEN_FEATURES = {TOKENS: seqio.Feature(seqio.PassThroughVocabulary(1), dtype=tf.int32, rank=1,
                                          add_eos=False, required=False)}
 BAD_INPUT: Dict[str, sources.BadInputStats] = {}  # task name -> counters of its readers
+_ALIASES: Dict[str, str] = {}  # 'files:/a/b/*.txt' -> the SeqIO-valid name it is registered under
 
 # LongLLaMA's training mixture (LongLLaMA README / FoT paper App.): source -> rate.
 LONGLLAMA_PROPORTIONS = {"arxiv": 0.25, "python": 0.25, "book": 0.10, "common_crawl": 0.29, "c4": 0.05,
@@ -159,18 +162,24 @@ def get_provider(name: str):
   """A registered task or mixture by name; 'tfds:', 'files:' and 'jsonl:' names register on first use."""
   if name in seqio.MixtureRegistry.names():
     return seqio.MixtureRegistry.get(name)
+  if name in _ALIASES:
+    return seqio.TaskRegistry.get(_ALIASES[name])
   if name not in seqio.TaskRegistry.names():
     kind, _, arg = name.partition(":")
+    # SeqIO task names allow only [\w.:#]: paths and TFDS names get a registered alias.
+    alias = f"{kind}:" + re.sub(r"[^\w.]", "_", arg)[-60:] + "#" + hashlib.sha1(arg.encode()).hexdigest()[:8]
     if kind == "tfds" and arg:
-      register_tfds_task(name, arg)
+      register_tfds_task(alias, arg)
     elif kind == "files" and arg:
-      register_files_task(name, arg)
+      register_files_task(alias, arg)
     elif kind == "jsonl" and arg:
-      register_jsonl_task(name, arg)
+      register_jsonl_task(alias, arg)
     else:
       raise ValueError(f"data.task: unknown task or mixture {name!r}; registered: "
                        f"{sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))} "
                        f"(or use tfds:NAME, files:PATTERN, jsonl:PATTERN)")
+    _ALIASES[name] = alias
+    return seqio.TaskRegistry.get(alias)
   return seqio.TaskRegistry.get(name)
 
 
@@ -178,7 +187,7 @@ def bad_input(name: str) -> sources.BadInputStats:
   """Bad-input counters of a task, or of all members of a mixture, merged."""
   provider = get_provider(name)
   merged = sources.BadInputStats()
-  members = [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [name]
+  members = [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [provider.name]
   for m in members:
     s = BAD_INPUT.get(m)
     if s is not None:
