@@ -70,38 +70,53 @@ def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train):
 
 
 def _write_results(results, workdir, arms):
+  _save_and_tabulate(results, workdir, arms, "accuracy", "Dictionary lookup accuracy (all value tokens right)")
+  _plot(os.path.join(workdir, "dictionary_lookup.png"),
+        {f"{a} (window {results[a]['window']})": (results[a]["memory_tokens"], results[a]["accuracy"])
+         for a in arms},
+        "context tokens (memory + local)", "accuracy (all value tokens)", "Dictionary lookup with memory",
+        ylim=(-0.02, 1.02))
+
+
+def _save_and_tabulate(results, workdir, arms, metric, title):
+  """results.json, and a table of `metric` against memory tokens per arm on stdout."""
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=1, default=str)
-  contexts = results[arms[0]]["memory_tokens"]
-  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>9}" for a in arms)
+  width = max(9, *(len(a) for a in arms))
+  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>{width}}" for a in arms)
   lines = [header, "-" * len(header)]
-  for i, m in enumerate(contexts):
-    lines.append(f"{m:>14,} | " + " | ".join(f"{results[a]['accuracy'][i]:>9.3f}" for a in arms))
-  table = "\n".join(lines)
-  print("\nDictionary lookup accuracy (all value tokens right):\n" + table)
+  for i, m in enumerate(results[arms[0]]["memory_tokens"]):
+    lines.append(f"{m:>14,} | " + " | ".join(f"{results[a][metric][i]:>{width}.3f}" for a in arms))
+  print(f"\n{title}:\n" + "\n".join(lines))
   print(f"wall time {results['wall_seconds']:.0f}s; results in {os.path.join(workdir, 'results.json')}")
+
+
+def _plot(path, curves, xlabel, ylabel, title, ylim=None, xticks=None):
+  """curves: {label: (xs, ys)} on a log2 x axis -> PNG at path."""
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for a in arms:
-      ax.plot(results[a]["memory_tokens"], results[a]["accuracy"], marker="o",
-              label=f"{a} (window {results[a]['window']})")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("context tokens (memory + local)")
-    ax.set_ylabel("accuracy (all value tokens)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("Dictionary lookup with memory")
-    fig.tight_layout()
-    fig.savefig(os.path.join(workdir, "dictionary_lookup.png"), dpi=120)
-    plt.close(fig)
   except ImportError:
     print("matplotlib missing: no plot written")
-
+    return
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for label, (xs, ys) in curves.items():
+    ax.plot(xs, ys, marker="o", label=label)
+  ax.set_xscale("log", base=2)
+  if xticks:
+    ax.set_xticks(*xticks)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if ylim:
+    ax.set_ylim(*ylim)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  ax.set_title(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 # -- language models: train FoT (+ the same model without crossbatch), perplexity vs memory --
 def _lm_train_cfg(config):
@@ -164,33 +179,9 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
 
 
 def _write_lm_results(results, workdir, arms, task):
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=1, default=str)
+  _save_and_tabulate(results, workdir, arms, "perplexity", f"Perplexity on held-out {task!r} documents (single_doc)")
   mems = results[arms[0]]["memory_tokens"]
-  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>13}" for a in arms)
-  lines = [header, "-" * len(header)]
-  for i, m in enumerate(mems):
-    lines.append(f"{m:>14,} | " + " | ".join(f"{results[a]['perplexity'][i]:>13.3f}" for a in arms))
-  print(f"\nPerplexity on held-out {task!r} documents (single_doc):\n" + "\n".join(lines))
-  print(f"wall time {results['wall_seconds']:.0f}s; results in {os.path.join(workdir, 'results.json')}")
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib missing: no plot written")
-    return
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for a in arms:
-    ax.plot([max(m, 1) for m in mems], results[a]["perplexity"], marker="o", label=a)
-  ax.set_xscale("log", base=2)
-  ax.set_xticks([max(m, 1) for m in mems], [f"{m:,}" for m in mems])
-  ax.set_xlabel("memory tokens before the scored span (0 = local window only)")
-  ax.set_ylabel("perplexity (per token)")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  ax.set_title(f"Perplexity against memory size ({task})")
-  fig.tight_layout()
-  fig.savefig(os.path.join(workdir, "perplexity_vs_memory.png"), dpi=120)
-  plt.close(fig)
+  xs = [max(m, 1) for m in mems]  # 0 memory tokens plotted at 1 on the log axis
+  _plot(os.path.join(workdir, "perplexity_vs_memory.png"), {a: (xs, results[a]["perplexity"]) for a in arms},
+        "memory tokens before the scored span (0 = local window only)", "perplexity (per token)",
+        f"Perplexity against memory size ({task})", xticks=(xs, [f"{m:,}" for m in mems]))

@@ -84,10 +84,20 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
 ])
 def test_lm_validate_names_the_problem(field, value, message):
   config = stdlib_lm_tiny.get_config()
-  node = config
-  *parents, leaf = field.split(".")
-  for p in parents:
-    node = node[p]
-  node[leaf] = value
+  config.update_from_flattened_dict({field: value})
   with pytest.raises(ValueError, match=message):
     configs.validate(config)
+
+
+def test_shared_context_perplexity_equals_a_pass_per_memory_size():
+  """The one-pass evaluation (single memory layer) against plain window-by-window processing."""
+  from fot_jax.eval import perplexity
+  from fot_jax.inference import MemoryInference
+  from fot_jax.train import init_params
+  cfg = get_size("tiny", mem_layers=(1,))
+  inference = MemoryInference(cfg, init_params(cfg, 3), window=8)
+  streams = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 61))
+  shared = perplexity.shared_context_nll(inference, streams, [0, 16, 40], score_tokens=12)
+  for m in (0, 16, 40):
+    np.testing.assert_allclose(shared[m], perplexity.span_nll(inference, streams, m, 12), rtol=1e-5, atol=1e-5)
+  assert not np.allclose(shared[0], shared[40])  # memory changes the prediction
