@@ -103,9 +103,11 @@ def _read_text_files(paths, stats, seed, invalid_utf8, max_bytes):
 
 
 def register_tfds_task(name: str, tfds_name: str, text_key: str = "text", data_dir: Optional[str] = None):
-  """A TFDS dataset as it is; `text_key` names its document field."""
+  """A TFDS dataset as it is (prepared beforehand: `tfds build NAME`); `text_key` names its document field."""
   pre = [] if text_key == TEXT else [functools.partial(seqio.preprocessors.rekey, key_map={TEXT: text_key})]
-  return _register(name, seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=data_dir), preprocessors=pre)
+  # read_only: never start a download/preparation mid-run; missing data fails with tfds' message.
+  return _register(name, seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=data_dir, read_only=True),
+                   preprocessors=pre)
 
 
 def register_stdlib_task(name: str = "stdlib", heldout_percent: int = 5):
