@@ -141,7 +141,7 @@ def test_missing_tfds_data_fails_clearly_without_downloading(tmp_path, monkeypat
 
 def test_mock_tfds_tasks_load():
   with tfds.testing.mock_data(num_examples=4):
-    for name in ("pg19", "c4"):
+    for name in ("pg19", "c4", "tfds:c4/en:3.1.0"):  # the last: any TFDS text dataset by name
       batch = _batcher(name, repeat=True)(0)
       assert batch["inputs"].shape == (4, 8)
       assert (batch["doc_ids"] >= 0).all() and batch["loss_mask"].any()
