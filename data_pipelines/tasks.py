@@ -73,7 +73,10 @@ def _register(name: str, source, features=_TEXT_FEATURES, preprocessors=()):
                                 preprocessors=list(preprocessors), shuffle_buffer_size=256)
 
 
-def _files_source(name, pattern, read, splits=("train",), suffixes=None):
+def _files_source(name, pattern, read, invalid_utf8, splits=("train",), suffixes=None):
+  """read(paths, stats, seed) -> texts; the pattern is expanded when an epoch opens."""
+  if invalid_utf8 not in ("replace", "skip"):
+    raise ValueError(f"data task {name!r}: invalid_utf8 must be 'replace' or 'skip', got {invalid_utf8!r}")
   stats = BAD_INPUT.setdefault(name, sources.BadInputStats())
 
   def make_texts(split, seed):
@@ -86,8 +89,9 @@ def _files_source(name, pattern, read, splits=("train",), suffixes=None):
 
 def register_files_task(name: str, pattern: str, invalid_utf8: str = "replace", max_bytes: int = 0):
   """A directory or glob of text/code files, one document per file (gzip by .gz suffix)."""
-  read = functools.partial(_read_text_files, invalid_utf8=invalid_utf8, max_bytes=max_bytes)
-  return _register(name, _files_source(name, pattern, read))
+  def read(paths, stats, seed):
+    return sources.text_files(paths, stats, seed, invalid_utf8, max_bytes)
+  return _register(name, _files_source(name, pattern, read, invalid_utf8))
 
 
 def register_jsonl_task(name: str, pattern: str, field: str = "text", invalid_utf8: str = "replace",
@@ -95,17 +99,15 @@ def register_jsonl_task(name: str, pattern: str, field: str = "text", invalid_ut
   """JSON-lines files (gzip by .gz suffix), one document per line's `field`."""
   def read(paths, stats, seed):
     return sources.jsonl_files(paths, field, stats, seed, invalid_utf8, max_bytes)
-  return _register(name, _files_source(name, pattern, read))
-
-
-def _read_text_files(paths, stats, seed, invalid_utf8, max_bytes):
-  return sources.text_files(paths, stats, seed, invalid_utf8, max_bytes)
+  return _register(name, _files_source(name, pattern, read, invalid_utf8))
 
 
 def register_tfds_task(name: str, tfds_name: str, text_key: str = "text", data_dir: Optional[str] = None):
-  """A TFDS dataset as it is; `text_key` names its document field."""
+  """A TFDS dataset as it is (prepared beforehand: `tfds build NAME`); `text_key` names its document field."""
   pre = [] if text_key == TEXT else [functools.partial(seqio.preprocessors.rekey, key_map={TEXT: text_key})]
-  return _register(name, seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=data_dir), preprocessors=pre)
+  # read_only: never start a download/preparation mid-run; missing data fails with tfds' message.
+  return _register(name, seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=data_dir, read_only=True),
+                   preprocessors=pre)
 
 
 def register_stdlib_task(name: str = "stdlib", heldout_percent: int = 5):

@@ -38,7 +38,9 @@ def base_config():
   })
   # The same model trained without crossbatch (a local-window transformer), evaluated alike.
   c.baseline = ml_collections.ConfigDict({"enabled": True})
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  # Mesh axis sizes (one may be -1) and their across-slice (DCN) factors; read by the scale-out code.
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1,
+                                      "dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1})
   c.eval = ml_collections.ConfigDict({
       "memory_tokens": [0, 2048, 8192, 32768],
       "score_tokens": 512,  # the scored tail of each held-out document

@@ -155,7 +155,10 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
   results = {"config": config.to_dict(), "data": {}}
   trained = {}
   for name, schedule in arms.items():
-    batches = pipeline.lm_batches_from_config(config)
+    try:
+      batches = pipeline.lm_batches_from_config(config)
+    except ValueError as e:  # missing data, empty source, bad vocabulary: one line, no traceback
+      raise SystemExit(f"data error: {e}") from None
     trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule, batches, os.path.join(workdir, name),
                                train)
     report = {"pipeline": batches.report(), "bad_input": batches.bad_input().report()}

@@ -132,9 +132,16 @@ def test_empty_source_fails_at_start_naming_it(tmp_path):
     tasks.get_provider("nope")
 
 
+def test_missing_tfds_data_fails_clearly_without_downloading(tmp_path, monkeypatch):
+  tasks.register_tfds_task("test_pg19_missing", "pg19:0.1.1", text_key="book_text", data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="cannot read 'test_pg19_missing'.*could not find data"):
+    _batcher("test_pg19_missing").check_nonempty()
+  assert not list(tmp_path.iterdir())
+
+
 def test_mock_tfds_tasks_load():
   with tfds.testing.mock_data(num_examples=4):
-    for name in ("pg19", "c4"):
+    for name in ("pg19", "c4", "tfds:c4/en:3.1.0"):  # the last: any TFDS text dataset by name
       batch = _batcher(name, repeat=True)(0)
       assert batch["inputs"].shape == (4, 8)
       assert (batch["doc_ids"] >= 0).all() and batch["loss_mask"].any()
