@@ -6,6 +6,7 @@ override ends in one message naming the field, not a traceback from inside JAX.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from data_pipelines.dictionary_lookup import DictionaryTask
 from fot_jax import crossbatch
@@ -120,8 +121,9 @@ def validate_lm(config) -> None:
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
   crossbatch.scored_rows(rows, k, t.loss_on)
-  if t.get("init_from"):
-    raise ValueError("train.init_from: starting an LM run from a checkpoint is not supported by this runner yet")
+  if t.get("init_from") and not os.path.exists(str(t.init_from)):
+    raise ValueError(f"train.init_from: no checkpoint at {t.init_from!r} (make one with "
+                     f"`python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`)")
   ev = config.eval
   if ev.doc_mode != "single_doc":
     raise ValueError(f"eval.doc_mode: only 'single_doc' is implemented, got {ev.doc_mode!r}")

@@ -122,7 +122,8 @@ def _plot(path, curves, xlabel, ylabel, title, ylim=None, xticks=None):
 def _lm_train_cfg(config):
   t = config.train
   return {"steps": t.steps, "seed": config.seed, "loss_on": t.loss_on, "accum_steps": t.accum_steps,
-          "log_every": t.log_every, "checkpoint_every": t.checkpoint_every, "optim": config.optim.to_dict()}
+          "log_every": t.log_every, "checkpoint_every": t.checkpoint_every, "optim": config.optim.to_dict(),
+          "init_from": t.get("init_from")}
 
 
 def lm_eval_docs(config, vocab, need: int):

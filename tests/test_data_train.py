@@ -80,6 +80,7 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
     ("data.task", "nope", "unknown task or mixture 'nope'"),
     ("data.windows_per_slot", 3, "windows_per_slot=3"),
     ("data.vocab", "/no/such.model", "data.vocab"),
+    ("train.init_from", "/no/such/ckpt", "train.init_from: no checkpoint at '/no/such/ckpt'"),
 ])
 def test_lm_validate_names_the_problem(field, value, message):
   config = stdlib_lm_tiny.get_config()
