@@ -130,15 +130,17 @@ def to_mesh_specs(logical_specs, rules):
   return nn.logical_to_mesh(logical_specs, rules)
 
 
-def _axis_size(mesh: Mesh, axes) -> int:
+def _axis_size(mesh, axes) -> int:
   if axes is None:
     return 1
   axes = axes if isinstance(axes, tuple) else (axes,)
   return math.prod(mesh.shape[a] for a in axes)
 
 
-def check_divisible(abstract, mesh_specs, mesh: Mesh, what: str) -> None:
-  """Every sharded dimension must split evenly over its mesh axes; fails naming both numbers."""
+def check_divisible(abstract, mesh_specs, mesh, what: str) -> None:
+  """Every sharded dimension must split evenly over its mesh axes; fails naming both numbers.
+
+  mesh: anything with a `.shape` dict of axis sizes (a Mesh, or sizes from a config)."""
   leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
   specs = jax.tree_util.tree_leaves(mesh_specs, is_leaf=lambda x: isinstance(x, P))
   for (path, leaf), spec in zip(leaves, specs):
@@ -152,6 +154,11 @@ def check_divisible(abstract, mesh_specs, mesh: Mesh, what: str) -> None:
 
 def batch_axes(rules):
   return dict(rules).get("batch")
+
+
+def batch_axes_tuple(rules) -> Tuple[str, ...]:
+  axes = batch_axes(rules)
+  return () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
 
 
 def batch_shards(mesh: Mesh, rules) -> int:
@@ -190,24 +197,20 @@ def global_replicated(x: np.ndarray, mesh: Mesh) -> jax.Array:
   return jax.make_array_from_process_local_data(replicated(mesh), x, x.shape)
 
 
-def initialize_distributed(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> bool:
-  """Starts jax.distributed when the job has several processes; returns whether it did.
+def initialize_distributed(auto: bool = False, coordinator_address: Optional[str] = None,
+                           num_processes: Optional[int] = None, process_id: Optional[int] = None) -> bool:
+  """Starts jax.distributed for a job of several processes; returns whether it did.
 
-  Explicit arguments (GPU/CPU clusters, localhost tests) win; otherwise a
-  multi-host TPU VM (TPU_WORKER_HOSTNAMES lists several workers) or a SLURM /
-  Open MPI job with several tasks uses jax's auto-detection.
+  auto: let jax detect the cluster (TPU pod workers, SLURM, Open MPI; what
+  launch/tpu.py passes on every worker). Explicit coordinator/num_processes/process_id
+  serve GPU/CPU clusters and localhost runs. Neither: a single process.
   """
   if coordinator_address:
     if num_processes is None or process_id is None:
       raise ValueError("--coordinator_address needs --num_processes and --process_id")
     jax.distributed.initialize(coordinator_address, int(num_processes), int(process_id))
     return True
-  workers = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  several = (len([w for w in workers.split(",") if w]) > 1
-             or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-             or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)
-  if several:
+  if auto:
     jax.distributed.initialize()
     return True
   return False

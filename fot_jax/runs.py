@@ -19,7 +19,8 @@ def _arm_train_cfg(config, arm):
   a = config[arm]
   return {"steps": a.steps, "seed": config.seed, "loss_on": a.get("loss_on", "all"),
           "accum_steps": a.get("accum_steps", 1), "log_every": a.log_every,
-          "checkpoint_every": a.checkpoint_every, "optim": config.optim.to_dict()}
+          "checkpoint_every": a.checkpoint_every, "optim": config.optim.to_dict(),
+          "mesh": config.get("mesh"), "crossbatch_scope": a.get("crossbatch_scope", "batch")}
 
 
 def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:

@@ -112,12 +112,20 @@ class Attention(nn.Module):
     live = sources >= 0
     src = jnp.where(live, sources, 0)
 
+    # Sharding: the row axis (groups, or rows when there is one group) follows the
+    # batch; without these constraints GSPMD replicates the gathered contexts.
+    def rows_axis(ndim, axis):
+      return tuple("batch" if i == axis else None for i in range(ndim))
+
     def gather(x):  # [B, ...] -> [G, B/G, N, ...], rows taken within their group
       x = x.reshape((groups, rows) + x.shape[1:])
-      return jax.vmap(lambda xg, sg: xg[sg])(x, src)
+      axis = 0 if groups > 1 else 1
+      x = nn.with_logical_constraint(x, rows_axis(x.ndim, axis))
+      out = jax.vmap(lambda xg, sg: xg[sg])(x, src)
+      return nn.with_logical_constraint(out, rows_axis(out.ndim, axis))
 
-    ek = gather(k_mem).reshape(b, n * t, kv, d)  # [B, N*T, KV, D]
-    ev = gather(v).reshape(b, n * t, kv, d)
+    ek = nn.with_logical_constraint(gather(k_mem).reshape(b, n * t, kv, d), rows_axis(4, 0))  # [B, N*T, KV, D]
+    ev = nn.with_logical_constraint(gather(v).reshape(b, n * t, kv, d), rows_axis(4, 0))
     if self.cfg.mem_stop_gradient:
       ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
     emask = (live[..., None] & gather(token_mask)).reshape(b, n * t)

@@ -1,0 +1,56 @@
+"""Shared defaults of language-model experiment files (the field names all LM runs use).
+
+An experiment file calls `base_config()` and changes what it needs. The field names
+are the ones agreed for LM runs (data pipelines, scale-out); `c.mesh` is the device
+mesh (fot_jax.parallel): axis sizes within a slice (one may be -1: the rest of the
+devices), `dcn_*` sizes across slices, and the one table of logical-axis rules.
+"""
+import ml_collections
+
+from fot_jax import parallel
+
+
+def base_config():
+  c = ml_collections.ConfigDict()
+  c.experiment = "lm"
+  c.seed = 0
+  c.model = ml_collections.ConfigDict({
+      "size": "tiny",  # a name from fot_jax.model.config.SIZES
+      "overrides": ml_collections.ConfigDict({}),  # ModelConfig fields
+  })
+  c.data = ml_collections.ConfigDict({
+      "task": "stdlib",  # a registered SeqIO task or mixture (data_pipelines.tasks)
+      "vocab": "byte",  # 'byte' or a SentencePiece model path
+      "slots": 8,  # S, over all hosts (each host feeds slots / process_count)
+      "windows_per_slot": 2,  # k
+      "window": 256,  # T, tokens per row
+      "min_doc_len": 1,
+      "eval_task": "stdlib",  # held-out documents for perplexity
+  })
+  c.optim = ml_collections.ConfigDict({
+      "lr": 1e-3, "warmup_steps": 20, "schedule": "cosine", "total_steps": 1000,
+      "weight_decay": 0.0, "clip_norm": 1.0, "b1": 0.9, "b2": 0.95,
+  })
+  c.train = ml_collections.ConfigDict({
+      "steps": 1000, "loss_on": "all", "accum_steps": 1, "log_every": 10, "checkpoint_every": 100,
+      # The same format as c.fot.curriculum in experiments/dictionary_lookup.py.
+      "curriculum": ml_collections.ConfigDict({"kind": "constant", "spec": {"d": 2, "w": 1}}),
+      "init_from": None,
+      # 'batch': negatives from any slot of the global batch (crossing devices);
+      # 'device': only from slots on the same device (no cross-device gather).
+      "crossbatch_scope": "batch",
+  })
+  c.mesh = ml_collections.ConfigDict({
+      "data": 1, "fsdp": -1, "tensor": 1, "context": 1,
+      "dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1, "dcn_context": 1,
+      "rules": [list(r) for r in parallel.DEFAULT_RULES],
+  })
+  c.eval = ml_collections.ConfigDict({
+      "memory_tokens": [0, 2048, 8192, 32768],
+      "n_docs": 16, "batch": 8, "mode": "dense", "topk": 32,
+  })
+  return c
+
+
+def segments_spec(segments):
+  return {"segments": [list(s) for s in segments]}
