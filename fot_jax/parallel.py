@@ -175,11 +175,12 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def check_batch_rows(global_rows: int, mesh: Mesh, rules, pack: int, what: str = "batch") -> None:
+def check_batch_rows(rows: int, mesh: Mesh, rules, what: str = "batch") -> None:
+  """The rows of one (accumulation) step must split evenly over the batch shards."""
   shards = batch_shards(mesh, rules)
-  if global_rows % shards:
-    raise ValueError(f"{what}: {global_rows} rows are not divisible by the {shards} batch shards "
-                     f"(mesh axes {batch_axes(rules)}); change the slots or the mesh")
+  if rows % shards:
+    raise ValueError(f"{what}: {rows} rows are not divisible by the {shards} batch shards "
+                     f"(mesh axes {batch_axes(rules)}); change the slots, train.accum_steps or the mesh")
 
 
 def global_batch(local: Dict[str, np.ndarray], sharding: NamedSharding) -> Dict[str, jax.Array]:

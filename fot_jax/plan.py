@@ -19,11 +19,10 @@ from fot_jax import configs, parallel
 from fot_jax.train import make_optimizer, make_train_step, stacked_plan, state_shardings
 
 
-def _widest_spec(schedule):
-  """The schedule's most expensive spec (most extra contexts): the one that must fit."""
+def _widest_spec(schedule, rows: int):
+  """The schedule's most expensive spec (most extra contexts per row): the one that must fit."""
   from fot_jax import crossbatch
-  return max(schedule.all_specs(), key=lambda s: crossbatch.plan_from_spec(
-      max(crossbatch.pack_size(s), 1) * 128, s).num_sources if s else 0)
+  return max(schedule.all_specs(), key=lambda s: crossbatch.plan_from_spec(rows, s).num_sources)
 
 
 def plan(config) -> dict:
@@ -33,10 +32,10 @@ def plan(config) -> dict:
   mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
   optimizer = make_optimizer(config.optim)
   abstract, shardings = state_shardings(cfg, optimizer, mesh, rules)
-  parallel.check_batch_rows(rows // accum, mesh, rules, schedule.pack, "data.slots x windows_per_slot")
+  parallel.check_batch_rows(rows // accum, mesh, rules, "data.slots x windows_per_slot / train.accum_steps")
   scope = config.get("train", {}).get("crossbatch_scope", "batch") if "train" in config else "batch"
   groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
-  spec = _widest_spec(schedule)
+  spec = _widest_spec(schedule, rows // accum // groups)
   sources, positive = stacked_plan(spec, rows, accum, groups)
   state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                  abstract, shardings)

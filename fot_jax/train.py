@@ -182,12 +182,13 @@ def stacked_plan(spec, batch_rows: int, accum_steps: int, groups: int = 1):
 class MetricsLog:
   """metrics.jsonl + TensorBoard scalars in the workdir (process 0 only)."""
 
-  def __init__(self, workdir: str, name: str = ""):
+  def __init__(self, workdir: str, name: str = "", tensorboard: bool = True):
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.writer = None
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
+    if self.enabled and tensorboard:  # TensorFlow's import costs seconds; tests skip it
       try:
         from clu import metric_writers
         self.writer = metric_writers.SummaryWriter(os.path.join(workdir, "tb"))
@@ -246,7 +247,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds'}.
 
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
-  checkpoint_every, optim (see make_optimizer); mesh (parallel.make_mesh sizes and
+  checkpoint_every, optim (see make_optimizer), tensorboard (default True); mesh (parallel.make_mesh sizes and
   rules; default: data parallel over all devices); crossbatch_scope ('batch': negatives
   from any row of the global batch, 'device': only rows on the same device).
   batch_fn(step) -> this host's rows: inputs/targets/loss_mask [B_host, T], in packs of
@@ -280,7 +281,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
     state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree)
   step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules)
   batch_sharding = parallel.batch_sharding(mesh, rules)
-  log = MetricsLog(workdir, name)
+  log = MetricsLog(workdir, name, bool(train_cfg.get("tensorboard", True)))
   log_every = int(train_cfg.get("log_every", 10))
   ckpt_every = int(train_cfg.get("checkpoint_every", 0))
   history = []
@@ -297,7 +298,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
       if global_rows % (pack * accum):
         raise ValueError(f"train.accum_steps={accum}: batch of {global_rows} rows does not split into "
                          f"{accum} groups of whole packs of {pack}")
-      parallel.check_batch_rows(global_rows, mesh, rules, pack)
+      parallel.check_batch_rows(global_rows // accum, mesh, rules, f"batch (per accumulation group of {accum})")
       scored = crossbatch.scored_rows(rows, pack, train_cfg.get("loss_on", "all"))
       batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
       if "accuracy_mask" in batch:

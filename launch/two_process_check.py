@@ -35,7 +35,7 @@ def setup():
 
 def train_cfg(steps, mesh):
   return {"steps": steps, "seed": 0, "loss_on": "last", "log_every": 1, "checkpoint_every": 2,
-          "optim": {"lr": 1e-2, "warmup_steps": 2}, "mesh": mesh}
+          "optim": {"lr": 1e-2, "warmup_steps": 2}, "mesh": mesh, "tensorboard": False}
 
 
 def worker(args):

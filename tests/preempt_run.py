@@ -20,7 +20,7 @@ def setup():
   batches = DictionaryBatches(task, slots=4, window=task.doc_len // 2, seed=0)
   schedule = Schedule({"kind": "constant", "spec": {"d": 4, "w": 1}})  # one plan shape: one compile
   train_cfg = {"steps": STEPS, "seed": 0, "loss_on": "last", "log_every": 1, "checkpoint_every": 0,
-               "optim": {"lr": 1e-2, "warmup_steps": 2}}
+               "optim": {"lr": 1e-2, "warmup_steps": 2}, "tensorboard": False}
   return cfg, batches, schedule, train_cfg
 
 

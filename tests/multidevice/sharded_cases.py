@@ -73,7 +73,7 @@ def test_indivisible_dimension_fails_before_tracing():
   with pytest.raises(ValueError, match=r"down_proj.*kernel.*: dimension 0 of size 36 is not divisible by mesh axes tensor of size 8"):
     state_shardings(cfg, optax.sgd(1.0), mesh, RULES)
   with pytest.raises(ValueError, match="6 rows are not divisible by the 4 batch shards"):
-    parallel.check_batch_rows(6, parallel.make_mesh(MESH_222), RULES, pack=2)
+    parallel.check_batch_rows(6, parallel.make_mesh(MESH_222), RULES)
 
 
 def _step(mesh, spec, accum=1, groups=1):
