@@ -217,10 +217,6 @@ def initialize_distributed(auto: bool = False, coordinator_address: Optional[str
   return False
 
 
-def is_main_process() -> bool:
-  return jax.process_index() == 0
-
-
 def shardings_from_specs(mesh_specs, mesh: Mesh):
   """Tree of mesh PartitionSpecs -> tree of NamedShardings."""
   return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), mesh_specs,
