@@ -1,9 +1,10 @@
 """Shared defaults of language-model experiment files (the field names all LM runs use).
 
-An experiment file calls `base_config()` and changes what it needs. The field names
-are the ones agreed for LM runs (data pipelines, scale-out); `c.mesh` is the device
-mesh (fot_jax.parallel): axis sizes within a slice (one may be -1: the rest of the
-devices), `dcn_*` sizes across slices, and the one table of logical-axis rules.
+An experiment file calls `base_config()` and changes what it needs. `c.experiment`
+selects the runner in fot_jax.main ('lm': train, then perplexity against memory size).
+`c.mesh` is the device mesh (fot_jax.parallel): axis sizes within a slice (one may be
+-1: the rest of the devices), `dcn_*` sizes across slices, and the one table of
+logical-axis rules.
 """
 import ml_collections
 
@@ -25,7 +26,10 @@ def base_config():
       "windows_per_slot": 2,  # k
       "window": 256,  # T, tokens per row
       "min_doc_len": 1,
+      "max_doc_len": 0,  # longer documents are truncated (0: never)
+      "split": "train",
       "eval_task": "stdlib",  # held-out documents for perplexity
+      "eval_split": "validation",
   })
   c.optim = ml_collections.ConfigDict({
       "lr": 1e-3, "warmup_steps": 20, "schedule": "cosine", "total_steps": 1000,
@@ -40,14 +44,17 @@ def base_config():
       # 'device': only from slots on the same device (no cross-device gather).
       "crossbatch_scope": "batch",
   })
+  # The same model trained without crossbatch (a local-window transformer), evaluated alike.
+  c.baseline = ml_collections.ConfigDict({"enabled": True})
   c.mesh = ml_collections.ConfigDict({
-      "data": 1, "fsdp": -1, "tensor": 1, "context": 1,
+      "data": -1, "fsdp": 1, "tensor": 1, "context": 1,
       "dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1, "dcn_context": 1,
       "rules": [list(r) for r in parallel.DEFAULT_RULES],
   })
   c.eval = ml_collections.ConfigDict({
       "memory_tokens": [0, 2048, 8192, 32768],
-      "n_docs": 16, "batch": 8, "mode": "dense", "topk": 32,
+      "score_tokens": 512,  # the scored tail of each held-out document
+      "n_docs": 16, "batch": 8, "mode": "dense", "topk": 32, "doc_mode": "single_doc",
   })
   return c
 

@@ -29,6 +29,7 @@ def get_config():
   c.train.curriculum = {"kind": "constant", "spec": segments_spec(SEGMENTS)}
   # Written by fot_jax.convert (imported from the Hugging Face OpenLLaMA-3B weights).
   c.train.init_from = "checkpoints/open_llama_3b/fot"
+  c.baseline.enabled = False  # no second 10B-token run without crossbatch
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 2
   c.eval.memory_tokens = [0, 8192, 32768, 131072]
   return c

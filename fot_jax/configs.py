@@ -41,12 +41,14 @@ def dictionary_task(config) -> DictionaryTask:
   return task
 
 
-def validate(config) -> None:
-  """Checks an experiment config; raises ValueError naming the bad field."""
+def validate(config, check_data: bool = True) -> None:
+  """Checks an experiment config; raises ValueError naming the bad field.
+
+  check_data=False skips what needs the data on this machine (LM vocabulary and tasks)."""
   if config.get("experiment") not in EXPERIMENTS:
     raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {config.get('experiment')!r}")
   if config.experiment == "lm":
-    return validate_lm(config)
+    return validate_lm(config, check_data)
   cfg = model_config(config)
   task = dictionary_task(config)
   if cfg.vocab_size < task.vocab_size:
@@ -102,11 +104,18 @@ def train_shape(config):
   return config.fot.slots * sched.pack, config.fot.window, int(config.fot.get("accum_steps", 1)), sched
 
 
-def validate_lm(config) -> None:
+def validate_lm(config, check_data: bool = True) -> None:
   """Language-model experiments (experiments/base_lm.py fields): model, optimizer,
-  curriculum against the batch shape, and the mesh."""
+  curriculum against the batch shape, evaluation and the mesh. check_data: also load the
+  vocabulary and resolve the tasks (off for --mode=plan, which reads no data)."""
   cfg = model_config(config)
   d, t = config.data, config.train
+  if check_data:
+    from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
+    vocab = vocab_lib.get_vocabulary(d.vocab)
+    vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
+    for name in ("task", "eval_task"):
+      tasks.get_provider(d[name])
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
   for field in ("slots", "windows_per_slot", "window"):
@@ -127,6 +136,14 @@ def validate_lm(config) -> None:
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
   crossbatch.scored_rows(rows, k, t.loss_on)
+  ev = config.eval
+  if ev.doc_mode != "single_doc":
+    raise ValueError(f"eval.doc_mode: only 'single_doc' is implemented, got {ev.doc_mode!r}")
+  if ev.mode not in ("dense", "topk"):
+    raise ValueError(f"eval.mode: must be 'dense' or 'topk', got {ev.mode!r}")
+  if any(int(m) < 0 for m in ev.memory_tokens) or int(ev.score_tokens) <= 0:
+    raise ValueError(f"eval.memory_tokens / eval.score_tokens: must be >= 0 / > 0, got "
+                     f"{list(ev.memory_tokens)} / {ev.score_tokens}")
   validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
 
 

@@ -139,6 +139,43 @@ class MemoryInference:
         outs.append(np.asarray(logits[:, :n]))
     return np.concatenate(outs, axis=1) if outs else None
 
+  def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
+    """prompt [B, L] (L >= 1) -> [B, L + max_new_tokens] tokens, greedy (temperature 0) or sampled.
+
+    Window-aligned like `process`: the current, partly filled window is recomputed
+    for every new token (no local key/value cache) and enters memory once full, so
+    the logits behind each token equal `process` on the sequence so far.
+    """
+    tokens = np.asarray(prompt, np.int32)
+    b, length = tokens.shape
+    if length < 1:
+      raise ValueError("generate: the prompt needs at least one token")
+    rng = np.random.default_rng(seed)
+    memory = self.new_memory(b)
+    start = (length - 1) // self.window * self.window  # the last window keeps >= 1 prompt token
+    if start:
+      self.process(tokens[:, :start], memory, want_logits=False)
+    local = [tokens[:, start:]]
+    for _ in range(max_new_tokens):
+      cur = np.concatenate(local, axis=1)
+      n = cur.shape[1]
+      msk = np.arange(self.window) < n
+      logits, mem_kv = forward_window(self.params, jnp.asarray(np.pad(cur, [(0, 0), (0, self.window - n)])),
+                                      jnp.asarray(np.broadcast_to(msk, (b, self.window))), memory.blocks(),
+                                      self.cfg, self.mode, self.topk, self.chunk)
+      last = np.asarray(logits[:, n - 1], np.float64)
+      if temperature > 0:
+        p = np.exp((last - last.max(-1, keepdims=True)) / temperature)
+        nxt = np.array([rng.choice(p.shape[-1], p=row / row.sum()) for row in p], np.int32)
+      else:
+        nxt = last.argmax(-1).astype(np.int32)
+      if n == self.window:  # the window is full: it goes to memory, the new token opens the next
+        memory.add(mem_kv, jnp.ones((b, self.window), bool))
+        local = []
+      local.append(nxt[:, None])
+      tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+    return tokens
+
   def documents(self, docs: List[np.ndarray], doc_mode: str = "single_doc", batch: int = 1):
     """Logits for each document, in `single_doc` (memory cleared per document) or
     `multi_doc` (one stream, memory kept across documents; batch must be 1)."""

@@ -63,7 +63,7 @@ def main(argv):
       os.environ["JAX_PLATFORMS"] = "cpu"
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count={_plan_devices(config)}")
-    configs.validate(config)
+    configs.validate(config, check_data=_MODE.value != "plan")  # a plan reads no data
   except ValueError as e:
     sys.exit(f"config error: {e}")
   if _MODE.value == "plan":
@@ -78,6 +78,9 @@ def main(argv):
   if config.experiment == "dictionary_lookup":
     from fot_jax import runs
     runs.run_dictionary_lookup(config, _WORKDIR.value, train=_MODE.value == "train")
+  elif config.experiment == "lm":
+    from fot_jax import runs
+    runs.run_lm(config, _WORKDIR.value, train=_MODE.value == "train")
 
 
 if __name__ == "__main__":

@@ -210,6 +210,27 @@ def _checkpoint_manager(workdir: str, keep: int = 2):
                                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
 
+def params_from_checkpoint(path: str, model_cfg: ModelConfig):
+  """`train.init_from`: the parameters of an fot_jax checkpoint (import_hf output or a training
+  workdir), checked against model_cfg; the caller starts a fresh optimizer state."""
+  from fot_jax.convert import checkpoint  # a training run that never imports stays light
+  try:
+    params = checkpoint.load(path).params
+    checkpoint.check_params(params, model_cfg, path)
+  except checkpoint.ConvertError as e:
+    raise ValueError(f"train.init_from: {e}") from None
+  return params
+
+
+def _extra_state(schedule: Schedule, batch_fn) -> dict:
+  """JSON saved next to the train state: the curriculum's state and, when the batch source
+  keeps one (a resumable pipeline: `state_dict()` / `load_state_dict()`), its position."""
+  extra = {"schedule": schedule.state_dict()}
+  if hasattr(batch_fn, "load_state_dict"):
+    extra["data"] = batch_fn.state_dict()
+  return extra
+
+
 class Preempted(SystemExit):
   """Raised after a SIGTERM was answered with a checkpoint: the process exits with status 0."""
 
@@ -247,11 +268,14 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds'}.
 
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
-  checkpoint_every, optim (see make_optimizer), tensorboard (default True); mesh (parallel.make_mesh sizes and
-  rules; default: data parallel over all devices); crossbatch_scope ('batch': negatives
-  from any row of the global batch, 'device': only rows on the same device).
+  checkpoint_every, optim (see make_optimizer), init_from (fot_jax checkpoint to start from;
+  resuming from workdir's own checkpoints wins over it), tensorboard (default True); mesh
+  (parallel.make_mesh sizes and rules; default: data parallel over all devices);
+  crossbatch_scope ('batch': negatives from any row of the global batch, 'device': only
+  rows on the same device).
   batch_fn(step) -> this host's rows: inputs/targets/loss_mask [B_host, T], in packs of
-  schedule.pack; the global batch is the hosts' rows in process order.
+  schedule.pack; the global batch is the hosts' rows in process order. A batch_fn with
+  state_dict()/load_state_dict() has its state checkpointed and restored.
   A SIGTERM saves a checkpoint at the next step boundary and raises Preempted (exit 0);
   the same call resumes from it.
   """
@@ -267,6 +291,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
   groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
   abstract, shardings = state_shardings(model_cfg, optimizer, mesh, rules)
   manager = _checkpoint_manager(workdir)
+  if init_params_tree is None and train_cfg.get("init_from") and manager.latest_step() is None:
+    init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
   start = 0
   if manager.latest_step() is not None:
     start = manager.latest_step()
@@ -276,6 +302,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
         state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()))
     state = restored["state"]
     schedule.load_state_dict(restored["extra"]["schedule"])
+    if hasattr(batch_fn, "load_state_dict") and "data" in restored["extra"]:
+      batch_fn.load_state_dict(restored["extra"]["data"])  # the data pipeline's position
     _print(f"[{name}] resumed from step {start}")
   else:
     state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree)
@@ -303,6 +331,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
       batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
       if "accuracy_mask" in batch:
         batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
+      if step == start:  # lets export_hf / from_pretrained read this workdir
+        from fot_jax.convert.checkpoint import write_model_json
+        write_model_json(workdir, model_cfg, window=seq)
       sources, positive = stacked_plan(spec, global_rows, accum, groups)
       state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
                                parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh))
@@ -322,7 +353,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
       preempted = watch.reached(step + 1)
       if (ckpt_every and (step + 1) % ckpt_every == 0) or step + 1 == steps or preempted:
         manager.save(step + 1, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave({"schedule": schedule.state_dict()})))
+            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(_extra_state(schedule, batch_fn))))
       if preempted and step + 1 < steps:
         manager.wait_until_finished()
         _print(f"[{name}] SIGTERM: saved step {step + 1}; the same command resumes from it")

@@ -55,6 +55,9 @@ class Attention(nn.Module):
                             (h,), jnp.float32)
       q = q * inv_temp[:, None].astype(q.dtype)
       scale = 1.0
+    if memory_layer and cfg.mem_gating:  # created at init too, where no extra context comes
+      gate_logit = self.param("mem_gate", nn.with_logical_partitioning(nn.initializers.zeros, ("heads",)),
+                              (h,), jnp.float32)
     # Memory keys: 'first' rotates them as if at position 0, which is the identity,
     # so the raw projection is the memory key; 'none' uses no rotation at all.
     k_mem = k
@@ -82,9 +85,7 @@ class Attention(nn.Module):
     if extra is None:
       out = mem.finish(local)
     elif cfg.mem_gating:
-      gate = self.param("mem_gate", nn.with_logical_partitioning(nn.initializers.zeros, ("heads",)),
-                        (h,), jnp.float32)
-      gate = jax.nn.sigmoid(gate).reshape(1, 1, kv, g, 1)
+      gate = jax.nn.sigmoid(gate_logit).reshape(1, 1, kv, g, 1)
       has_extra = (extra.l > 0).transpose(0, 3, 1, 2)[..., None]  # rows with no extra: local only
       gate = jnp.where(has_extra, gate, 0.0)
       out = gate * mem.finish(extra) + (1 - gate) * mem.finish(local)

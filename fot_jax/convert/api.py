@@ -1,0 +1,177 @@
+"""import_hf / export_hf and the user-facing `from_pretrained` model object."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import warnings
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fot_jax.convert import checkpoint, mapping
+from fot_jax.convert.checkpoint import Checkpoint
+from fot_jax.convert.hf_files import (ConvertError, WeightReader, ensure_empty_dir, parse_size,
+                                      read_json, write_safetensors)
+
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _hf_config_path(hf_dir: str) -> str:
+  if not os.path.isdir(hf_dir):
+    raise ConvertError(f"{hf_dir}: not a directory (expected a Hugging Face model directory)")
+  return os.path.join(hf_dir, "config.json")
+
+
+def load_hf(hf_dir: str, **overrides) -> Checkpoint:
+  """Reads a Hugging Face LLaMA-family directory into memory as float32 fot_jax params.
+
+  overrides: ModelConfig fields, e.g. mem_layers=(6, 12, 18), mem_positions='first',
+  dtype='bfloat16' (compute dtype); LongLLaMA fields in config.json are used otherwise.
+  """
+  config_path = _hf_config_path(hf_dir)
+  hf = read_json(config_path)
+  cfg, window = mapping.model_config_from_hf(hf, config_path, **overrides)
+  params = mapping.params_from_hf(WeightReader(hf_dir), cfg, config_path)
+  tok = os.path.join(hf_dir, checkpoint.TOKENIZER)
+  meta = {"source": os.path.abspath(hf_dir), "hf": {k: hf[k] for k in TOKEN_ID_FIELDS if k in hf},
+          "tokenizer": tok if os.path.isfile(tok) else None}
+  return Checkpoint(cfg, params, window, meta, os.path.abspath(hf_dir))
+
+
+def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
+  """HF directory -> fot_jax checkpoint at `out` (a new or empty directory)."""
+  read_json(_hf_config_path(hf_dir))  # a wrong source fails before anything is created
+  ensure_empty_dir(out)  # and a used output before gigabytes are read
+  ck = load_hf(hf_dir, **overrides)
+  checkpoint.save(out, ck.params, ck.cfg, ck.window, tokenizer=ck.tokenizer_path,
+                  source=ck.meta["source"], hf=ck.meta["hf"])
+  return ck
+
+
+def load_any(path: str, **overrides) -> Checkpoint:
+  """An fot_jax checkpoint (imported or a training workdir) or a Hugging Face directory."""
+  if os.path.isfile(os.path.join(path, checkpoint.MODEL_JSON)):
+    ck = checkpoint.load(path)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides:  # e.g. another compute dtype or other memory layers over the same weights
+      if "mem_layers" in overrides:
+        overrides["mem_layers"] = tuple(int(x) for x in overrides["mem_layers"])
+      ck.cfg = dataclasses.replace(ck.cfg, **overrides)
+      try:
+        ck.cfg.validate()
+      except ValueError as e:
+        raise ConvertError(f"{path}: {e}") from None
+      checkpoint.check_params(ck.params, ck.cfg, path)
+    return ck
+  if os.path.isfile(os.path.join(path, "config.json")):
+    return load_hf(path, **overrides)
+  raise ConvertError(f"{path}: neither an fot_jax checkpoint ({checkpoint.MODEL_JSON}) nor a "
+                     f"Hugging Face directory (config.json)")
+
+
+def _write_tokenizer(src: str, out: str, window: int) -> None:
+  shutil.copyfile(src, os.path.join(out, checkpoint.TOKENIZER))
+  special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+  with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+    json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+               "model_max_length": window, **special}, f, indent=1)
+  with open(os.path.join(out, "special_tokens_map.json"), "w") as f:
+    json.dump(special, f, indent=1)
+
+
+def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", max_shard_size="5GB",
+              fot_jax_only: bool = False, window: Optional[int] = None, tokenizer: Optional[str] = None,
+              mem_dtype: str = "bfloat16") -> str:
+  """fot_jax checkpoint -> a directory LlamaForCausalLM.from_pretrained loads (LongLLaMA fields included).
+
+  window: HF max_position_embeddings / LongLLaMA last_context_length (default: the
+  checkpoint's window). tokenizer: a SentencePiece model to ship (default: the checkpoint's).
+  """
+  ck = source if isinstance(source, Checkpoint) else checkpoint.load(source)
+  extras = mapping.non_llama_params(ck.cfg)
+  if extras and not fot_jax_only:
+    raise ConvertError(f"{ck.path}: the model has parameters plain LLaMA lacks ({', '.join(extras)}); "
+                       f"LlamaForCausalLM would drop them. Pass --fot_jax_only for an export only "
+                       f"fot_jax reads back")
+  window = window or ck.window
+  if not window:
+    raise ConvertError(f"{ck.path}: the checkpoint does not record its window; pass --window")
+  tokenizer = tokenizer or ck.tokenizer_path
+  if tokenizer and not os.path.isfile(tokenizer):
+    raise ConvertError(f"{tokenizer}: tokenizer file not found")
+  max_bytes = parse_size(max_shard_size)
+  ensure_empty_dir(out)
+  write_safetensors(out, mapping.hf_tensors(ck.params, ck.cfg), dtype, max_bytes)
+  config = mapping.hf_config(ck.cfg, int(window), dtype, mem_dtype, fot_jax_only, ck.meta.get("hf"))
+  with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+  if tokenizer:
+    _write_tokenizer(tokenizer, out, int(window))
+  if ck.cfg.mem_positions == "none":
+    warnings.warn(f"{ck.path}: mem_positions='none' (memory layers without RoPE) is exported as LongLLaMA's "
+                  f"mem_positionals=false; plain LlamaForCausalLM applies RoPE in every layer and so "
+                  f"differs from this model (fot_jax.convert.torch_reference follows it)", stacklevel=2)
+  return out
+
+
+class Pretrained:
+  """A loaded model: `.logits`, `.logits_with_memory`, `.generate`, `.save_hf`, `.save`.
+
+  cfg (ModelConfig), params (float32 tree), window (local window for memory inference).
+  """
+
+  def __init__(self, ck: Checkpoint):
+    self.checkpoint = ck
+    self.cfg, self.window = ck.cfg, ck.window
+    self.params = jax.tree_util.tree_map(jnp.asarray, ck.params)
+    self._forward = None
+
+  def logits(self, tokens) -> np.ndarray:
+    """tokens int [B, T] -> float32 [B, T, V]: one plain causal pass, positions 0..T-1."""
+    from fot_jax.model.llama import LlamaModel
+    if self._forward is None:
+      model = LlamaModel(self.cfg)
+      self._forward = jax.jit(lambda p, t: model.apply({"params": p}, t)[0])
+    return np.asarray(self._forward(self.params, jnp.asarray(np.asarray(tokens, np.int32))))
+
+  def _inference(self, window, mode, topk, chunk, mem_dtype):
+    from fot_jax.inference import MemoryInference
+    window = window or self.window
+    if not window:
+      raise ValueError("window: this checkpoint records no window; pass window=")
+    return MemoryInference(self.cfg, self.params, window, mode, topk, chunk, mem_dtype)
+
+  def logits_with_memory(self, tokens, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
+                         token_mask=None, chunk: int = 65536, mem_dtype=jnp.float32) -> np.ndarray:
+    """FoT memory inference (fot_jax.inference): windows of `window` tokens, earlier windows'
+    memory-layer keys/values in memory. tokens [B, L] -> [B, L, V]."""
+    infer = self._inference(window, mode, topk, chunk, mem_dtype)
+    tokens = np.asarray(tokens, np.int32)
+    return infer.process(tokens, infer.new_memory(tokens.shape[0]), token_mask)
+
+  def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0,
+               window: Optional[int] = None, mode: str = "dense", topk: int = 32, chunk: int = 65536,
+               mem_dtype=jnp.float32) -> np.ndarray:
+    """prompt int [B, L] -> [B, L + max_new_tokens], with memory over everything before."""
+    return self._inference(window, mode, topk, chunk, mem_dtype).generate(prompt, max_new_tokens,
+                                                                          temperature, seed)
+
+  def save_hf(self, out: str, **kwargs) -> str:
+    """See export_hf (dtype, max_shard_size, fot_jax_only, window, tokenizer, mem_dtype)."""
+    return export_hf(self.checkpoint, out, **kwargs)
+
+  def save(self, out: str) -> None:
+    """Writes an fot_jax checkpoint (what `init_from` reads)."""
+    ck = self.checkpoint
+    checkpoint.save(out, ck.params, ck.cfg, ck.window, tokenizer=ck.tokenizer_path,
+                    **{k: v for k, v in ck.meta.items() if k != "tokenizer"})
+
+
+def from_pretrained(path: str, **overrides) -> Pretrained:
+  """An HF LLaMA directory or an fot_jax checkpoint -> Pretrained. overrides (HF only):
+  ModelConfig fields such as mem_layers, mem_positions, dtype."""
+  return Pretrained(load_any(path, **overrides))

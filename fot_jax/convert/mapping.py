@@ -1,0 +1,194 @@
+"""Hugging Face LLaMA <-> fot_jax: config fields and parameter names.
+
+fot_jax's RoPE uses the HF "rotate half" layout, so a weight converts by a
+rename, plus a transpose for linear layers (HF stores [out, in], Flax [in, out]).
+LongLLaMA's config fields map to ModelConfig as follows (see README):
+  mem_layers -> mem_layers (0-based in both), mem_positionals True/False ->
+  mem_positions 'first'/'none', max_position_embeddings -> the inference window.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterator, Optional, Tuple
+
+import jax
+import numpy as np
+
+from fot_jax.convert.hf_files import ConvertError
+from fot_jax.model.config import ModelConfig
+
+LLAMA_TYPES = ("llama", "longllama")
+MOE_FIELDS = ("num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+
+
+def _rope_theta(hf: dict) -> float:
+  params = hf.get("rope_parameters") or {}
+  return float(hf.get("rope_theta") or params.get("rope_theta") or 10000.0)
+
+
+def check_llama_like(hf: dict, source: str) -> None:
+  """Refuses configs fot_jax's decoder cannot reproduce, naming the field."""
+  model_type = hf.get("model_type")
+  moe = [k for k in MOE_FIELDS if hf.get(k)]
+  if model_type not in LLAMA_TYPES or moe:
+    what = f"mixture-of-experts fields {moe}" if moe else f"model_type {model_type!r}"
+    raise ConvertError(f"{source}: {what} is not a LLaMA-like dense decoder; fot_jax converts "
+                       f"model_type {LLAMA_TYPES} without experts")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ConvertError(f"{source}: hidden_act {hf['hidden_act']!r} is not supported (LLaMA uses 'silu')")
+  for field in ("attention_bias", "mlp_bias"):
+    if hf.get(field):
+      raise ConvertError(f"{source}: {field}=true is not supported (fot_jax layers have no biases)")
+  rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  if kind not in (None, "default"):
+    raise ConvertError(f"{source}: RoPE scaling {kind!r} is not supported (fot_jax uses plain RoPE; "
+                       f"memory layers extend the context instead)")
+
+
+def model_config_from_hf(hf: dict, source: str, **overrides) -> Tuple[ModelConfig, int]:
+  """config.json dict -> (ModelConfig, inference window). overrides: ModelConfig fields
+  (e.g. mem_layers, mem_positions) that win over what the file says."""
+  check_llama_like(hf, source)
+  try:
+    heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
+    head_dim = hf.get("head_dim")
+    fields = dict(
+        vocab_size=int(hf["vocab_size"]), hidden_size=hidden,
+        intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=None if head_dim in (None, hidden // heads) else int(head_dim),
+        rope_theta=_rope_theta(hf), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        mem_layers=tuple(int(x) for x in hf.get("mem_layers") or ()),
+        mem_positions="first" if hf.get("mem_positionals", True) else "none")
+  except KeyError as e:
+    raise ConvertError(f"{source}: missing field {e.args[0]}") from None
+  extras = hf.get("fot_jax") or {}
+  fields.update(mem_qk_norm=bool(extras.get("mem_qk_norm", False)),
+                mem_gating=bool(extras.get("mem_gating", False)))
+  fields.update({k: v for k, v in overrides.items() if v is not None})
+  if "mem_layers" in fields:
+    fields["mem_layers"] = tuple(int(x) for x in fields["mem_layers"])
+  cfg = ModelConfig(**fields)
+  try:
+    cfg.validate()
+  except ValueError as e:
+    raise ConvertError(f"{source}: {e}") from None
+  return cfg, int(hf.get("max_position_embeddings", 2048))
+
+
+def hf_config(cfg: ModelConfig, window: int, dtype: str, mem_dtype: str, fot_jax_extras: bool,
+              extra: Optional[dict] = None) -> dict:
+  """config.json for LlamaForCausalLM, plus LongLLaMA's memory fields (ignored by plain LLaMA)."""
+  out = {
+      "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads,
+      "head_dim": cfg.dim_per_head, "hidden_act": "silu", "max_position_embeddings": window,
+      "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+      "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+      "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
+      "dtype": dtype, "torch_dtype": dtype, "use_cache": True,
+      # LongLLaMA fields.
+      "mem_layers": list(cfg.mem_layers), "mem_positionals": cfg.mem_positions == "first",
+      "last_context_length": window, "mem_dtype": mem_dtype, "mem_attention_grouping": None,
+      "torch_attention": False,
+  }
+  out.update(extra or {})
+  if fot_jax_extras:
+    out["fot_jax"] = {"mem_qk_norm": cfg.mem_qk_norm, "mem_gating": cfg.mem_gating}
+  return out
+
+
+def non_llama_params(cfg: ModelConfig):
+  """Names of the ModelConfig options that add parameters plain LLaMA lacks."""
+  return [name for name in ("mem_qk_norm", "mem_gating") if getattr(cfg, name)]
+
+
+# fot_jax-only parameters start as attention.py initialises them when the source lacks them.
+FOT_ONLY_INIT = {
+    "inv_temperature": lambda cfg: np.full((cfg.num_heads,), cfg.dim_per_head ** 0.5, np.float32),
+    "mem_gate": lambda cfg: np.zeros((cfg.num_heads,), np.float32),
+}
+
+
+def tensor_map(cfg: ModelConfig) -> Iterator[Tuple[str, Tuple[str, ...], bool]]:
+  """(HF name, fot_jax param path, transpose) for every parameter of `cfg`."""
+  yield "model.embed_tokens.weight", ("embed_tokens", "embedding"), False
+  for i in range(cfg.num_layers):
+    hf, fj = f"model.layers.{i}.", f"layers_{i}"
+    for n in ("q", "k", "v", "o"):
+      yield f"{hf}self_attn.{n}_proj.weight", (fj, "self_attn", f"{n}_proj", "kernel"), True
+    for n in ("gate", "up", "down"):
+      yield f"{hf}mlp.{n}_proj.weight", (fj, "mlp", f"{n}_proj", "kernel"), True
+    for n in ("input_layernorm", "post_attention_layernorm"):
+      yield f"{hf}{n}.weight", (fj, n, "weight"), False
+    if i in cfg.mem_layers:  # fot_jax-only parameters (exported only on request)
+      if cfg.mem_qk_norm:
+        yield f"{hf}self_attn.inv_temperature", (fj, "self_attn", "inv_temperature"), False
+      if cfg.mem_gating:
+        yield f"{hf}self_attn.mem_gate", (fj, "self_attn", "mem_gate"), False
+  yield "model.norm.weight", ("norm", "weight"), False
+  if not cfg.tie_embeddings:
+    yield "lm_head.weight", ("lm_head", "kernel"), True
+
+
+def expected_shapes(cfg: ModelConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+  """{param path: shape} of the fot_jax model, without allocating it."""
+  from fot_jax.train import init_params
+  tree = jax.eval_shape(lambda: init_params(cfg, 0))
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
+
+
+def _set(tree: dict, path, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def params_from_hf(reader, cfg: ModelConfig, source: str) -> dict:
+  """Reads every tensor of `cfg` from `reader` (hf_files.WeightReader) into a param tree."""
+  shapes = expected_shapes(cfg)
+  known = set()
+  params = {}
+  for name, path, transpose in tensor_map(cfg):
+    known.add(name)
+    if path[-1] in FOT_ONLY_INIT and name not in reader.files:  # plain LLaMA -> FoT with these options
+      _set(params, path, FOT_ONLY_INIT[path[-1]](cfg))
+      continue
+    raw = reader.get(name)
+    arr = raw.T if transpose else raw
+    if tuple(arr.shape) != shapes[path]:
+      raise ConvertError(f"{reader.files[name]}: tensor {name} has shape {tuple(raw.shape)}, "
+                         f"but {source} implies {shapes[path][::-1] if transpose else shapes[path]}; "
+                         f"the config does not match the weights")
+    _set(params, path, np.ascontiguousarray(arr, np.float32))
+  if cfg.tie_embeddings:
+    known.add("lm_head.weight")  # some tied checkpoints still store the copy
+  for name in reader.names():
+    if name not in known and not name.endswith(IGNORED_SUFFIXES):
+      raise ConvertError(f"{reader.files[name]}: tensor {name} has no place in the LLaMA decoder that "
+                         f"{source} describes (not LLaMA-like, or a config field is missing)")
+  return params
+
+
+def hf_tensors(params: dict, cfg: ModelConfig) -> Dict[str, np.ndarray]:
+  """fot_jax param tree -> {HF name: float32 array}."""
+  out = {}
+  for name, path, transpose in tensor_map(cfg):
+    node = params
+    for key in path:
+      node = node[key]
+    arr = np.asarray(node, np.float32)
+    out[name] = np.ascontiguousarray(arr.T if transpose else arr)
+  return out
+
+
+def model_config_dict(cfg: ModelConfig) -> dict:
+  d = dataclasses.asdict(cfg)
+  d["mem_layers"] = list(cfg.mem_layers)
+  return d
