@@ -2,8 +2,13 @@
 
 An experiment file calls `base_config()` and changes what it needs. `c.experiment`
 selects the runner in fot_jax.main ('lm': train, then perplexity against memory size).
+`c.mesh` is the device mesh (fot_jax.parallel): axis sizes within a slice (one may be
+-1: the rest of the devices), `dcn_*` sizes across slices, and the one table of
+logical-axis rules.
 """
 import ml_collections
+
+from fot_jax import parallel
 
 
 def base_config():
@@ -17,7 +22,7 @@ def base_config():
   c.data = ml_collections.ConfigDict({
       "task": "stdlib",  # a registered SeqIO task or mixture (data_pipelines.tasks)
       "vocab": "byte",  # 'byte' or a SentencePiece model path
-      "slots": 8,  # S, over all hosts
+      "slots": 8,  # S, over all hosts (each host feeds slots / process_count)
       "windows_per_slot": 2,  # k
       "window": 256,  # T, tokens per row
       "min_doc_len": 1,
@@ -35,15 +40,24 @@ def base_config():
       # The same format as c.fot.curriculum in experiments/dictionary_lookup.py.
       "curriculum": ml_collections.ConfigDict({"kind": "constant", "spec": {"d": 2, "w": 1}}),
       "init_from": None,
+      # 'batch': negatives from any slot of the global batch (crossing devices);
+      # 'device': only from slots on the same device (no cross-device gather).
+      "crossbatch_scope": "batch",
   })
   # The same model trained without crossbatch (a local-window transformer), evaluated alike.
   c.baseline = ml_collections.ConfigDict({"enabled": True})
-  # Mesh axis sizes (one may be -1) and their across-slice (DCN) factors; read by the scale-out code.
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1,
-                                      "dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1})
+  c.mesh = ml_collections.ConfigDict({
+      "data": -1, "fsdp": 1, "tensor": 1, "context": 1,
+      "dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1, "dcn_context": 1,
+      "rules": [list(r) for r in parallel.DEFAULT_RULES],
+  })
   c.eval = ml_collections.ConfigDict({
       "memory_tokens": [0, 2048, 8192, 32768],
       "score_tokens": 512,  # the scored tail of each held-out document
       "n_docs": 16, "batch": 8, "mode": "dense", "topk": 32, "doc_mode": "single_doc",
   })
   return c
+
+
+def segments_spec(segments):
+  return {"segments": [list(s) for s in segments]}

@@ -38,6 +38,8 @@ def get_config():
       "enabled": True, "window": 512, "slots": 8, "steps": 400, "log_every": 10,
       "checkpoint_every": 100,
   })
+  # Device mesh (fot_jax.parallel): the 3M-parameter model is simply data parallel.
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   c.eval = ml_collections.ConfigDict({
       "memory_tokens": [256, 1024, 4096, 16384, 65536, 262144, 1048576],
       "n_docs": 8, "mode": "topk", "topk": 32, "batch": 8, "chunk": 8192, "seed": 1234,

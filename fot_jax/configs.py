@@ -42,12 +42,14 @@ def dictionary_task(config) -> DictionaryTask:
   return task
 
 
-def validate(config) -> None:
-  """Checks an experiment config; raises ValueError naming the bad field."""
+def validate(config, check_data: bool = True) -> None:
+  """Checks an experiment config; raises ValueError naming the bad field.
+
+  check_data=False skips what needs the data on this machine (LM vocabulary and tasks)."""
   if config.get("experiment") not in EXPERIMENTS:
     raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {config.get('experiment')!r}")
   if config.experiment == "lm":
-    return validate_lm(config)
+    return validate_lm(config, check_data)
   cfg = model_config(config)
   task = dictionary_task(config)
   if cfg.vocab_size < task.vocab_size:
@@ -79,6 +81,7 @@ def validate(config) -> None:
   for spec in sched.all_specs():  # every plan of the schedule must be buildable
     crossbatch.plan_from_spec(rows // accum, spec)
   crossbatch.scored_rows(rows, pack, config.fot.loss_on)
+  validate_mesh(config, cfg, rows // accum, config.fot.get("crossbatch_scope", "batch"))
   ev = config.eval
   if ev.mode not in ("dense", "topk"):
     raise ValueError(f"eval.mode: must be 'dense' or 'topk', got {ev.mode!r}")
@@ -92,36 +95,50 @@ def validate(config) -> None:
         raise ValueError(f"eval.memory_tokens: {m} must be a multiple of {arm}.window={w}")
 
 
-def validate_lm(config) -> None:
-  """Language-model experiments (experiments/base_lm.py fields)."""
-  from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
+def train_shape(config):
+  """(global rows, window, accum_steps, schedule) of one training step of an experiment."""
+  if config.experiment == "lm":
+    d, t = config.data, config.train
+    return int(d.slots) * int(d.windows_per_slot), int(d.window), int(t.get("accum_steps", 1)), \
+        Schedule(t.curriculum)
+  sched = Schedule(config.fot.curriculum)
+  return config.fot.slots * sched.pack, config.fot.window, int(config.fot.get("accum_steps", 1)), sched
+
+
+def validate_lm(config, check_data: bool = True) -> None:
+  """Language-model experiments (experiments/base_lm.py fields): model, optimizer,
+  curriculum against the batch shape, evaluation and the mesh. check_data: also load the
+  vocabulary, resolve the tasks and find train.init_from (off for --mode=plan, which reads
+  no data)."""
   cfg = model_config(config)
   d, t = config.data, config.train
-  vocab = vocab_lib.get_vocabulary(d.vocab)
-  vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
+  if check_data:
+    from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
+    vocab = vocab_lib.get_vocabulary(d.vocab)
+    vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
+    for name in ("task", "eval_task"):
+      tasks.get_provider(d[name])
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
-  for name in ("task", "eval_task"):
-    tasks.get_provider(d[name])
   for field in ("slots", "windows_per_slot", "window"):
     if int(d[field]) <= 0:
       raise ValueError(f"data.{field}: must be positive, got {d[field]}")
   if float(config.optim.lr) <= 0:
     raise ValueError(f"optim.lr: must be positive, got {config.optim.lr}")
-  sched = Schedule(t.curriculum)
+  if config.optim.schedule not in ("constant", "cosine"):
+    raise ValueError(f"optim.schedule: must be 'constant' or 'cosine', got {config.optim.schedule!r}")
+  rows, _, accum, sched = train_shape(config)
   k = int(d.windows_per_slot)
   if sched.pack not in (1, k):
-    raise ValueError(f"train.curriculum: pack size k={sched.pack} (w + 1) must equal "
+    raise ValueError(f"train.curriculum: pack size k={sched.pack} (w + 1 or len(segments)) must equal "
                      f"data.windows_per_slot={k}")
-  rows = int(d.slots) * k
-  accum = int(t.get("accum_steps", 1))
   if accum <= 0 or int(d.slots) % accum:
     raise ValueError(f"train.accum_steps={accum} must divide data.slots={d.slots} "
                      f"(gradient accumulation never splits a pack)")
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
   crossbatch.scored_rows(rows, k, t.loss_on)
-  if t.get("init_from") and not os.path.exists(str(t.init_from)):
+  if check_data and t.get("init_from") and not os.path.exists(str(t.init_from)):
     raise ValueError(f"train.init_from: no checkpoint at {t.init_from!r} (make one with "
                      f"`python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`)")
   ev = config.eval
@@ -132,3 +149,77 @@ def validate_lm(config) -> None:
   if any(int(m) < 0 for m in ev.memory_tokens) or int(ev.score_tokens) <= 0:
     raise ValueError(f"eval.memory_tokens / eval.score_tokens: must be >= 0 / > 0, got "
                      f"{list(ev.memory_tokens)} / {ev.score_tokens}")
+  validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
+
+
+def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch") -> None:
+  """Rules, sizes, and (when no size is -1) divisibility of parameters and batch rows."""
+  import math
+  import types
+  import jax
+  import flax.linen as nn
+  from fot_jax import parallel
+  from fot_jax.model.llama import LlamaModel
+  mesh_cfg = config.get("mesh")
+  rules = parallel.rules_from_config(mesh_cfg)
+  sizes = {a: int(mesh_cfg.get(a, 1)) for a in parallel.AXES} if mesh_cfg else {}
+  if list(sizes.values()).count(-1) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
+    raise ValueError(f"mesh: sizes must be positive with at most one -1, got {sizes}")
+  if scope not in ("batch", "device"):
+    raise ValueError(f"crossbatch_scope: must be 'batch' or 'device', got {scope!r}")
+  if not sizes or -1 in sizes.values():
+    return  # the device count decides; checked again when the mesh is built
+  dcn = {a: int(mesh_cfg.get(f"dcn_{a}", 1)) for a in parallel.AXES}
+  shape = types.SimpleNamespace(shape={a: sizes[a] * dcn[a] for a in parallel.AXES})
+  boxed = jax.eval_shape(lambda: LlamaModel(cfg).init(jax.random.PRNGKey(0), jax.numpy.zeros((1, 8), "int32")))
+  specs = nn.logical_to_mesh(nn.get_partition_spec(boxed["params"]), rules)
+  parallel.check_divisible(nn.meta.unbox(boxed["params"]), specs, shape, "model parameter")
+  shards = math.prod(shape.shape[a] for a in parallel.batch_axes_tuple(rules))
+  if micro_rows % shards:
+    raise ValueError(f"mesh: {micro_rows} rows per step (data.slots x data.windows_per_slot / "
+                     f"train.accum_steps) are not divisible by the {shards} batch shards")
+
+
+def load_module(path: str):
+  """An experiment file as a module (for get_sweep())."""
+  import importlib.util
+  import os
+  if not os.path.isfile(path):
+    raise ValueError(f"--config: no experiment file at {path}")
+  spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def sweep_runs(path: str) -> list:
+  """The named runs of an experiment file's get_sweep(): [{'name': ..., 'a.b': value, ...}]."""
+  module = load_module(path)
+  if not hasattr(module, "get_sweep"):
+    raise ValueError(f"{path}: defines no get_sweep(); a sweep needs a list of overrides")
+  runs = [dict(r) for r in module.get_sweep()]
+  names = [r.get("name") for r in runs]
+  if not runs or any(not n or not str(n).replace("_", "").replace("-", "").isalnum() for n in names):
+    raise ValueError(f"{path}: get_sweep() must return runs each with a 'name' of letters, digits, _ or -; "
+                     f"got names {names}")
+  if len(set(names)) != len(names):
+    raise ValueError(f"{path}: get_sweep() repeats run names {names}")
+  return runs
+
+
+def apply_overrides(config, overrides: dict):
+  """Sets dotted fields ('train.curriculum': {...}); every field must exist already."""
+  for key, value in overrides.items():
+    if key == "name":
+      continue
+    *parents, leaf = key.split(".")
+    node = config
+    for p in parents:
+      if p not in node:
+        raise ValueError(f"sweep override {key!r}: no field {p!r} in the config")
+      node = node[p]
+    if leaf not in node:
+      raise ValueError(f"sweep override {key!r}: no field {leaf!r} in the config")
+    with config.unlocked():
+      node[leaf] = value
+  return config

@@ -15,22 +15,66 @@ from ml_collections import config_flags  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (one get_config()).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and results go.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "evaluate"],
-                          "train: train (or resume) and evaluate; evaluate: evaluate saved checkpoints.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "evaluate", "plan"],
+                          "train: train (or resume) and evaluate; evaluate: evaluate saved checkpoints; "
+                          "plan: parameters, FLOPs and per-device memory of the compiled train step "
+                          "on the configured mesh, compiled for fake CPU devices (allocates nothing).")
+_PLAN_DEVICES = flags.DEFINE_integer("plan_devices", 0, "--mode=plan: devices to plan for (default: the "
+                                     "product of the mesh sizes; needed when one size is -1).")
+_SWEEP_RUN = flags.DEFINE_string("sweep_run", None, "A run name from the experiment file's get_sweep(): "
+                                  "applies its overrides (launch/sweep.py passes it).")
+_DISTRIBUTED = flags.DEFINE_bool("jax_distributed", False, "Start jax.distributed with cluster "
+                                  "auto-detection (TPU pods, SLURM); launch/tpu.py sets it on every worker.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process without auto-detection "
+                                   "(GPU/CPU clusters): host:port of process 0. TPU pods need nothing.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "With --coordinator_address.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --coordinator_address.")
+
+
+def _plan_devices(config) -> int:
+  """Devices for --mode=plan; must be known before jax starts (fake CPU devices)."""
+  sizes = [int(config.mesh.get(a, 1)) for a in ("data", "fsdp", "tensor", "context")] if "mesh" in config else [1]
+  dcn = [int(config.mesh.get(f"dcn_{a}", 1)) for a in ("data", "fsdp", "tensor", "context")] if "mesh" in config else [1]
+  if _PLAN_DEVICES.value:
+    return _PLAN_DEVICES.value
+  if -1 in sizes:
+    sys.exit("--mode=plan: a mesh size is -1; give the device count with --plan_devices=N")
+  n = 1
+  for v in sizes + dcn:
+    n *= v
+  return n
 
 
 def main(argv):
   del argv
-  if _CONFIG.value is None or _WORKDIR.value is None:
+  if _CONFIG.value is None or (_WORKDIR.value is None and _MODE.value != "plan"):
     sys.exit("fot_jax.main: both --config=experiments/FILE.py and --workdir=DIR are required")
+  config = _CONFIG.value
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  from fot_jax import configs
-  config = _CONFIG.value
+  from fot_jax import configs  # no jax backend starts before the plan's fake devices are set
   try:
-    configs.validate(config)
+    if _SWEEP_RUN.value:
+      runs = {r["name"]: r for r in configs.sweep_runs(config_flags.get_config_filename(flags.FLAGS["config"]))}
+      if _SWEEP_RUN.value not in runs:
+        raise ValueError(f"--sweep_run={_SWEEP_RUN.value}: not a run of get_sweep(); runs: {sorted(runs)}")
+      configs.apply_overrides(config, runs[_SWEEP_RUN.value])
+    if _MODE.value == "plan":  # fake CPU devices: must be set before jax initialises its backend
+      os.environ["JAX_PLATFORMS"] = "cpu"
+      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                 f" --xla_force_host_platform_device_count={_plan_devices(config)}")
+    configs.validate(config, check_data=_MODE.value != "plan")  # a plan reads no data
   except ValueError as e:
     sys.exit(f"config error: {e}")
+  if _MODE.value == "plan":
+    from fot_jax import plan
+    try:
+      print(plan.format_plan(plan.plan(config)), flush=True)
+    except ValueError as e:
+      sys.exit(f"config error: {e}")
+    return
+  from fot_jax import parallel
+  parallel.initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   if config.experiment == "dictionary_lookup":
     from fot_jax import runs
     runs.run_dictionary_lookup(config, _WORKDIR.value, train=_MODE.value == "train")

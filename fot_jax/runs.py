@@ -20,7 +20,8 @@ def _arm_train_cfg(config, arm):
   a = config[arm]
   return {"steps": a.steps, "seed": config.seed, "loss_on": a.get("loss_on", "all"),
           "accum_steps": a.get("accum_steps", 1), "log_every": a.log_every,
-          "checkpoint_every": a.checkpoint_every, "optim": config.optim.to_dict()}
+          "checkpoint_every": a.checkpoint_every, "optim": config.optim.to_dict(),
+          "mesh": config.get("mesh"), "crossbatch_scope": a.get("crossbatch_scope", "batch")}
 
 
 def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
@@ -123,7 +124,8 @@ def _lm_train_cfg(config):
   t = config.train
   return {"steps": t.steps, "seed": config.seed, "loss_on": t.loss_on, "accum_steps": t.accum_steps,
           "log_every": t.log_every, "checkpoint_every": t.checkpoint_every, "optim": config.optim.to_dict(),
-          "init_from": t.get("init_from")}
+          "init_from": t.get("init_from"), "mesh": config.get("mesh"),
+          "crossbatch_scope": t.get("crossbatch_scope", "batch")}
 
 
 def lm_eval_docs(config, vocab, need: int):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -14,7 +16,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from fot_jax import crossbatch
+from fot_jax import crossbatch, parallel
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
@@ -48,10 +50,41 @@ def make_optimizer(opt) -> optax.GradientTransformation:
   return optax.chain(*chain)
 
 
-def init_params(cfg: ModelConfig, seed: int, seq_len: int = 8):
+def init_params(cfg: ModelConfig, seed: int, seq_len: int = 8, boxed: bool = False):
+  """Parameters; `boxed` keeps flax's logical-axis metadata (for sharding specs)."""
   model = LlamaModel(cfg)
-  variables = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, seq_len), jnp.int32))
-  return nn.meta.unbox(variables)["params"]
+  params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, seq_len), jnp.int32))["params"]
+  return params if boxed else nn.meta.unbox(params)
+
+
+def state_shardings(cfg: ModelConfig, optimizer, mesh, rules):
+  """(abstract TrainState, its NamedShardings), from the parameters' logical axis names.
+
+  Nothing is allocated (eval_shape); the optimizer state inherits the boxes of the
+  parameters it mirrors. Fails before tracing if a dimension does not split over its axes.
+  """
+  def boxed_state():
+    params = init_params(cfg, 0, boxed=True)
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
+  boxed = jax.eval_shape(boxed_state)
+  specs = parallel.to_mesh_specs(nn.get_partition_spec(boxed), rules)
+  abstract = nn.meta.unbox(boxed)
+  parallel.check_divisible(abstract, specs, mesh, "model parameter")
+  return abstract, parallel.shardings_from_specs(specs, mesh)
+
+
+def init_state(cfg: ModelConfig, optimizer, seed: int, mesh, rules, params=None) -> TrainState:
+  """A TrainState created directly in its shardings (jitted init with out_shardings)."""
+  _, shardings = state_shardings(cfg, optimizer, mesh, rules)
+  if params is None:
+    def fresh():
+      p = init_params(cfg, seed)
+      return TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p))
+    return jax.jit(fresh, out_shardings=shardings)()
+  params = jax.device_put(params, shardings.params)
+  return jax.jit(lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p)),
+                 out_shardings=shardings)(params)
 
 
 def lm_loss_sums(logits, targets, mask):
@@ -63,16 +96,24 @@ def lm_loss_sums(logits, targets, mask):
   return jnp.sum(nll * mask), jnp.sum(correct * mask), jnp.sum(mask)
 
 
-def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1):
-  """Returns step(state, batch, sources, positive) -> (state, metrics).
+def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None, rules=None):
+  """Returns step(state, batch, sources, positive) -> (state, metrics), jitted over `mesh`.
 
   batch: inputs/targets [B, T] int32, loss_mask [B, T] bool (already restricted
   to scored rows); optional accuracy_mask [B, T]: the tokens the `accuracy` metric
   counts (default: loss_mask). With accum_steps > 1 the batch is split into consecutive
   groups of whole packs and the plan arrays hold one plan per group
-  ([accum, B/accum, N], indices local to the group).
+  ([accum, B/accum, N], indices local to the group; or [accum, G, B/(accum G), N] with
+  G crossbatch groups, see stacked_plan).
+
+  State shardings come from the logical-axis `rules` (default parallel.DEFAULT_RULES),
+  the batch is split over the batch axes, plans and metrics are replicated; the state is
+  donated. mesh=None: one device.
   """
   model = LlamaModel(cfg)
+  rules = parallel.DEFAULT_RULES if rules is None else rules
+  if mesh is None:
+    mesh = parallel.make_mesh(None, devices=jax.devices()[:1])
 
   def micro_sums(params, inputs, targets, mask, acc_mask, sources, positive):
     plan = (sources, positive) if sources.shape[-1] else None
@@ -82,8 +123,13 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1):
     return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"])
 
   def step(state: TrainState, batch, sources, positive):
-    def split(x):
-      return x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:])
+    with nn.logical_axis_rules(rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return step_body(state, batch, sources, positive)
+
+  def step_body(state: TrainState, batch, sources, positive):
+    def split(x):  # each accumulation group is spread over all batch shards again
+      x = x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:])
+      return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
 
     acc_mask = batch.get("accuracy_mask", batch["loss_mask"])
     xs = (split(batch["inputs"]), split(batch["targets"]), split(batch["loss_mask"]), split(acc_mask),
@@ -110,26 +156,39 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1):
                "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  return jax.jit(step, donate_argnums=(0,))
+  _, state_sh = state_shardings(cfg, optimizer, mesh, rules)
+  rep = parallel.replicated(mesh)
+  return jax.jit(step, in_shardings=(state_sh, parallel.batch_sharding(mesh, rules), rep, rep),
+                 out_shardings=(state_sh, rep), donate_argnums=(0,))
 
 
-def stacked_plan(spec, batch_rows: int, accum_steps: int):
-  """One plan per gradient-accumulation group, stacked: [accum, rows/accum, N]."""
+def stacked_plan(spec, batch_rows: int, accum_steps: int, groups: int = 1):
+  """One plan per gradient-accumulation group, stacked: [accum, rows/accum, N].
+
+  groups > 1 splits each accumulation group further into `groups` consecutive blocks
+  that only see each other's rows ([accum, groups, rows/(accum groups), N]); with
+  groups = the batch shards, negatives never cross devices.
+  """
   micro = batch_rows // accum_steps
-  plan = crossbatch.plan_from_spec(micro, spec)
-  return (np.broadcast_to(plan.sources, (accum_steps,) + plan.sources.shape).copy(),
-          np.broadcast_to(plan.positive, (accum_steps,) + plan.positive.shape).copy())
+  if micro % groups:
+    raise ValueError(f"train.crossbatch_scope='device': {micro} rows per accumulation group do not split "
+                     f"into {groups} device groups")
+  plan = crossbatch.plan_from_spec(micro // groups, spec)
+  lead = (accum_steps,) if groups == 1 else (accum_steps, groups)
+  return (np.broadcast_to(plan.sources, lead + plan.sources.shape).copy(),
+          np.broadcast_to(plan.positive, lead + plan.positive.shape).copy())
 
 
 class MetricsLog:
   """metrics.jsonl + TensorBoard scalars in the workdir (process 0 only)."""
 
-  def __init__(self, workdir: str, name: str = ""):
+  def __init__(self, workdir: str, name: str = "", tensorboard: bool = True):
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.writer = None
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
+    if self.enabled and tensorboard:  # TensorFlow's import costs seconds; tests skip it
       try:
         from clu import metric_writers
         self.writer = metric_writers.SummaryWriter(os.path.join(workdir, "tb"))
@@ -172,74 +231,140 @@ def _extra_state(schedule: Schedule, batch_fn) -> dict:
   return extra
 
 
+class Preempted(SystemExit):
+  """Raised after a SIGTERM was answered with a checkpoint: the process exits with status 0."""
+
+  def __init__(self, step: int):
+    super().__init__(0)
+    self.step = step
+
+
+class _PreemptionWatch:
+  """SIGTERM -> save at the next step boundary. With several processes, jax's preemption
+  sync point makes every host stop at the same step."""
+
+  def __init__(self):
+    self.flag = False
+    self.previous = None
+    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+      self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    self.flag = True
+
+  def reached(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self.flag
+
+  def close(self):
+    if self.previous is not None:
+      signal.signal(signal.SIGTERM, self.previous)
+
+
 def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Callable[[int], Dict[str, np.ndarray]],
           workdir: str, name: str = "train", init_params_tree=None) -> Dict[str, Any]:
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds'}.
 
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
   checkpoint_every, optim (see make_optimizer), init_from (fot_jax checkpoint to start from;
-  resuming from workdir's own checkpoints wins over it).
-  batch_fn(step) -> inputs/targets/loss_mask [B, T]; rows in packs of schedule.pack. A
-  batch_fn with state_dict()/load_state_dict() has its state checkpointed and restored.
+  resuming from workdir's own checkpoints wins over it), tensorboard (default True); mesh
+  (parallel.make_mesh sizes and rules; default: data parallel over all devices);
+  crossbatch_scope ('batch': negatives from any row of the global batch, 'device': only
+  rows on the same device).
+  batch_fn(step) -> this host's rows: inputs/targets/loss_mask [B_host, T], in packs of
+  schedule.pack; the global batch is the hosts' rows in process order. A batch_fn with
+  state_dict()/load_state_dict() has its state checkpointed and restored.
+  A SIGTERM saves a checkpoint at the next step boundary and raises Preempted (exit 0);
+  the same call resumes from it.
   """
   steps = int(train_cfg["steps"])
   accum = int(train_cfg.get("accum_steps", 1))
   pack = schedule.pack
   optimizer = make_optimizer(train_cfg["optim"])
+  mesh_cfg = train_cfg.get("mesh")
+  mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
+  scope = train_cfg.get("crossbatch_scope", "batch")
+  if scope not in ("batch", "device"):
+    raise ValueError(f"train.crossbatch_scope: must be 'batch' or 'device', got {scope!r}")
+  groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
+  abstract, shardings = state_shardings(model_cfg, optimizer, mesh, rules)
   manager = _checkpoint_manager(workdir)
   if init_params_tree is None and train_cfg.get("init_from") and manager.latest_step() is None:
     init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
-  params = init_params_tree if init_params_tree is not None else init_params(model_cfg, int(train_cfg.get("seed", 0)))
-  state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
   start = 0
   if manager.latest_step() is not None:
     start = manager.latest_step()
+    target = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                    abstract, shardings)
     restored = manager.restore(start, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(state), extra=ocp.args.JsonRestore()))
+        state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()))
     state = restored["state"]
     schedule.load_state_dict(restored["extra"]["schedule"])
     if hasattr(batch_fn, "load_state_dict") and "data" in restored["extra"]:
       batch_fn.load_state_dict(restored["extra"]["data"])  # the data pipeline's position
-    print(f"[{name}] resumed from step {start}")
-  step_fn = make_train_step(model_cfg, optimizer, accum)
-  log = MetricsLog(workdir, name)
+    _print(f"[{name}] resumed from step {start}")
+  else:
+    state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree)
+  step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules)
+  batch_sharding = parallel.batch_sharding(mesh, rules)
+  log = MetricsLog(workdir, name, bool(train_cfg.get("tensorboard", True)))
   log_every = int(train_cfg.get("log_every", 10))
   ckpt_every = int(train_cfg.get("checkpoint_every", 0))
   history = []
-  t0, tokens_seen, last_print = time.time(), 0, time.time()
-  for step in range(start, steps):
-    spec = schedule.spec(step)
-    batch = batch_fn(step)
-    rows, seq = batch["inputs"].shape
-    if rows % (pack * accum):
-      raise ValueError(f"train.accum_steps={accum}: batch of {rows} rows does not split into "
-                       f"{accum} groups of whole packs of {pack}")
-    scored = crossbatch.scored_rows(rows, pack, train_cfg.get("loss_on", "all"))
-    batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
-    if "accuracy_mask" in batch:
-      batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
-    if step == start:  # lets export_hf / from_pretrained read this workdir
-      from fot_jax.convert.checkpoint import write_model_json
-      write_model_json(workdir, model_cfg, window=seq)
-    sources, positive = stacked_plan(spec, rows, accum)
-    state, metrics = step_fn(state, batch, sources, positive)
-    metrics = {k: float(v) for k, v in metrics.items()}
-    schedule.observe(step, metrics)
-    tokens_seen += rows * seq
-    record = dict(metrics, **{k: float(v) for k, v in spec.items() if k in ("d", "w")})
-    history.append({"step": step + 1, **record})
-    if (step + 1) % log_every == 0 or step + 1 == steps:
-      elapsed = time.time() - t0
-      tps = tokens_seen / max(elapsed, 1e-9)
-      eta = elapsed / (step + 1 - start) * (steps - step - 1)
-      log.write(step + 1, dict(record, tokens_per_second=tps))
-      if jax.process_index() == 0:
+  watch = _PreemptionWatch()
+  t0, tokens_seen = time.time(), 0
+  try:
+    for step in range(start, steps):
+      spec = schedule.spec(step)
+      batch = batch_fn(step)
+      rows, seq = batch["inputs"].shape
+      if rows % pack:
+        raise ValueError(f"batch: {rows} rows on this host are not whole packs of {pack}")
+      global_rows = rows * jax.process_count()
+      if global_rows % (pack * accum):
+        raise ValueError(f"train.accum_steps={accum}: batch of {global_rows} rows does not split into "
+                         f"{accum} groups of whole packs of {pack}")
+      parallel.check_batch_rows(global_rows // accum, mesh, rules, f"batch (per accumulation group of {accum})")
+      scored = crossbatch.scored_rows(rows, pack, train_cfg.get("loss_on", "all"))
+      batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
+      if "accuracy_mask" in batch:
+        batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
+      if step == start:  # lets export_hf / from_pretrained read this workdir
+        from fot_jax.convert.checkpoint import write_model_json
+        write_model_json(workdir, model_cfg, window=seq)
+      sources, positive = stacked_plan(spec, global_rows, accum, groups)
+      state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
+                               parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh))
+      metrics = {k: float(v) for k, v in metrics.items()}
+      schedule.observe(step, metrics)
+      tokens_seen += global_rows * seq
+      record = dict(metrics, **{k: float(v) for k, v in spec.items() if k in ("d", "w")})
+      history.append({"step": step + 1, **record})
+      if (step + 1) % log_every == 0 or step + 1 == steps:
+        elapsed = time.time() - t0
+        tps = tokens_seen / max(elapsed, 1e-9)
+        eta = elapsed / (step + 1 - start) * (steps - step - 1)
+        log.write(step + 1, dict(record, tokens_per_second=tps))
         rd = f" r_d {metrics['rd']:.3f}" if np.isfinite(metrics["rd"]) else ""
-        print(f"[{name}] step {step + 1}/{steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.3f}"
-              f"{rd} spec {spec} | {tps:,.0f} tok/s | ETA {eta:.0f}s", flush=True)
-    if ckpt_every and (step + 1) % ckpt_every == 0 or step + 1 == steps:
-      manager.save(step + 1, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(_extra_state(schedule, batch_fn))))
-  manager.wait_until_finished()
-  manager.close()
+        _print(f"[{name}] step {step + 1}/{steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.3f}"
+               f"{rd} spec {spec} | {tps:,.0f} tok/s | ETA {eta:.0f}s")
+      preempted = watch.reached(step + 1)
+      if (ckpt_every and (step + 1) % ckpt_every == 0) or step + 1 == steps or preempted:
+        manager.save(step + 1, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(_extra_state(schedule, batch_fn))))
+      if preempted and step + 1 < steps:
+        manager.wait_until_finished()
+        _print(f"[{name}] SIGTERM: saved step {step + 1}; the same command resumes from it")
+        raise Preempted(step + 1)
+  finally:
+    watch.close()
+    manager.wait_until_finished()
+    manager.close()
   return {"params": state.params, "history": history, "steps": steps, "seconds": time.time() - t0}
+
+
+def _print(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)

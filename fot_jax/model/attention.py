@@ -98,18 +98,39 @@ class Attention(nn.Module):
     return out, aux
 
   def _crossbatch(self, q, k_mem, v, token_mask, plan):
-    """Extra contexts from other rows: plan.sources [B, N] (-1 = none), plan.positive [B, N]."""
+    """Extra contexts from other rows.
+
+    plan: sources [B, N] (row indices, -1 = none) and positive [B, N]; or grouped
+    [G, B/G, N] with indices local to each group of B/G consecutive rows. Groups keep
+    the gather inside a group, so with the batch split over G devices a row's
+    contexts never leave its device (crossbatch_scope='device').
+    """
     sources, positive = plan
     b, t, kv, d = k_mem.shape
-    n = sources.shape[1]
+    if sources.ndim == 2:
+      sources, positive = sources[None], positive[None]
+    groups, rows, n = sources.shape
     live = sources >= 0
     src = jnp.where(live, sources, 0)
-    ek = k_mem[src].reshape(b, n * t, kv, d)  # [B, N*T, KV, D]
-    ev = v[src].reshape(b, n * t, kv, d)
+
+    # Sharding: the row axis (groups, or rows when there is one group) follows the
+    # batch; without these constraints GSPMD replicates the gathered contexts.
+    def rows_axis(ndim, axis):
+      return tuple("batch" if i == axis else None for i in range(ndim))
+
+    def gather(x):  # [B, ...] -> [G, B/G, N, ...], rows taken within their group
+      x = x.reshape((groups, rows) + x.shape[1:])
+      axis = 0 if groups > 1 else 1
+      x = nn.with_logical_constraint(x, rows_axis(x.ndim, axis))
+      out = jax.vmap(lambda xg, sg: xg[sg])(x, src)
+      return nn.with_logical_constraint(out, rows_axis(out.ndim, axis))
+
+    ek = nn.with_logical_constraint(gather(k_mem).reshape(b, n * t, kv, d), rows_axis(4, 0))  # [B, N*T, KV, D]
+    ev = nn.with_logical_constraint(gather(v).reshape(b, n * t, kv, d), rows_axis(4, 0))
     if self.cfg.mem_stop_gradient:
       ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
-    emask = (live[:, :, None] & token_mask[src]).reshape(b, n * t)
-    epos = jnp.broadcast_to(positive[:, :, None], (b, n, t)).reshape(b, n * t)
+    emask = (live[..., None] & gather(token_mask)).reshape(b, n * t)
+    epos = jnp.broadcast_to(positive[..., None], (groups, rows, n, t)).reshape(b, n * t)
     part = mem.block_partial(mem.scores(q, ek), emask[:, None, None, None, :], ev,
                              positive=epos[:, None, None, None, :])
     # r_d per query/head: positive mass over all extra mass; averaged over the

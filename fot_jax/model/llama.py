@@ -77,7 +77,7 @@ class LlamaModel(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, name="embed_tokens", param_dtype=jnp.float32,
                      embedding_init=nn.with_logical_partitioning(
                          nn.initializers.normal(cfg.embed_init_std or cfg.init_std), ("vocab", "embed")))
-    x = embed(tokens).astype(jnp.dtype(cfg.dtype))
+    x = nn.with_logical_constraint(embed(tokens).astype(jnp.dtype(cfg.dtype)), ("batch", "length", "act_embed"))
     layer_cls = DecoderLayer
     if cfg.remat:
       layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9))

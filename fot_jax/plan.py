@@ -1,0 +1,82 @@
+"""--mode=plan: what one training step costs on the configured mesh, before booking it.
+
+The train step is lowered and compiled against abstract shapes (jax.ShapeDtypeStruct
+with shardings) on fake CPU devices, so nothing of the model is allocated. Reports
+the parameter count, FLOPs per step (XLA's count of the compiled per-device program,
+times the devices, next to the 6 x params x tokens estimate) and per-device memory of
+the compiled step (arguments, outputs, temporaries; donated state is counted once).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fot_jax import configs, parallel
+from fot_jax.train import make_optimizer, make_train_step, stacked_plan, state_shardings
+
+
+def _widest_spec(schedule, rows: int):
+  """The schedule's most expensive spec (most extra contexts per row): the one that must fit."""
+  from fot_jax import crossbatch
+  return max(schedule.all_specs(), key=lambda s: crossbatch.plan_from_spec(rows, s).num_sources)
+
+
+def plan(config) -> dict:
+  cfg = configs.model_config(config)
+  rows, window, accum, schedule = configs.train_shape(config)
+  mesh_cfg = config.get("mesh")
+  mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
+  optimizer = make_optimizer(config.optim)
+  abstract, shardings = state_shardings(cfg, optimizer, mesh, rules)
+  parallel.check_batch_rows(rows // accum, mesh, rules, "data.slots x windows_per_slot / train.accum_steps")
+  scope = config.get("train", {}).get("crossbatch_scope", "batch") if "train" in config else "batch"
+  groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
+  spec = _widest_spec(schedule, rows // accum // groups)
+  sources, positive = stacked_plan(spec, rows, accum, groups)
+  state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                 abstract, shardings)
+  bsh, rep = parallel.batch_sharding(mesh, rules), parallel.replicated(mesh)
+  batch = {"inputs": jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=bsh),
+           "targets": jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=bsh),
+           "loss_mask": jax.ShapeDtypeStruct((rows, window), jnp.bool_, sharding=bsh)}
+  plan_args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep) for x in (sources, positive)]
+  step = make_train_step(cfg, optimizer, accum, mesh, rules)
+  t0 = time.time()
+  compiled = step.lower(state, batch, *plan_args).compile()
+  seconds = time.time() - t0
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  n_params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract.params))
+  tokens = rows * window
+  per_device = {
+      "arguments": int(mem.argument_size_in_bytes), "outputs": int(mem.output_size_in_bytes),
+      "temporaries": int(mem.temp_size_in_bytes), "aliased": int(mem.alias_size_in_bytes)}
+  per_device["total"] = per_device["arguments"] + per_device["outputs"] + per_device["temporaries"] \
+      - per_device["aliased"]
+  flops_device = float(cost.get("flops", float("nan"))) if cost else float("nan")
+  return {"mesh": parallel.describe(mesh), "params": n_params, "tokens_per_step": tokens,
+          "rows": rows, "window": window, "accum_steps": accum, "crossbatch_spec": spec,
+          "crossbatch_scope": scope, "flops_per_device": flops_device,
+          "flops_per_step": flops_device * mesh.size, "flops_6nt": 6.0 * n_params * tokens,
+          "memory_per_device": per_device, "compile_seconds": seconds}
+
+
+def format_plan(p: dict) -> str:
+  gib = 1 << 30
+  m = p["memory_per_device"]
+  return "\n".join([
+      f"mesh               {p['mesh']}",
+      f"parameters         {p['params']:,} ({p['params'] / 1e9:.2f}B)",
+      f"step               {p['rows']} rows x {p['window']} tokens = {p['tokens_per_step']:,} tokens, "
+      f"accum_steps={p['accum_steps']}, crossbatch {p['crossbatch_spec']} (scope {p['crossbatch_scope']})",
+      f"FLOPs per step     {p['flops_per_step']:.3e} (XLA: {p['flops_per_device']:.3e} per device; "
+      f"6 x params x tokens = {p['flops_6nt']:.3e})",
+      f"memory per device  {m['total'] / gib:.2f} GiB = arguments {m['arguments'] / gib:.2f} + outputs "
+      f"{m['outputs'] / gib:.2f} + temporaries {m['temporaries'] / gib:.2f} - donated {m['aliased'] / gib:.2f} GiB",
+      f"(compiled for fake CPU devices in {p['compile_seconds']:.0f}s; a TPU/GPU compiler may fuse "
+      f"and lay out differently)"])

@@ -1,0 +1,116 @@
+"""launch/: TPU pod dry run for a v4-32, sweep expansion; --mode=plan and its errors."""
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from fot_jax import configs
+from launch import sweep, tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZONE = "us-central2-b"
+
+
+def _printed(capsys):
+  return [shlex.split(line[2:]) for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+
+
+def test_v4_32_dry_run_prints_every_command(capsys):
+  args = ["--name=fot-v4", f"--zone={ZONE}", "--accelerator=v4-32", "--project=proj", "--dry_run", "up", "--",
+          "--config=experiments/longllama_3b.py", "--workdir=gs://bucket/l3b"]
+  assert tpu.main(args) == 0
+  out = capsys.readouterr().out
+  assert "v4-32, 4 worker(s)" in out
+  cmds = [shlex.split(line[2:]) for line in out.splitlines() if line.startswith("$ ")]
+  base = ["gcloud", "compute", "tpus", "tpu-vm"]
+  where = [f"--zone={ZONE}", "--project=proj"]
+  assert cmds[0] == base + ["describe", "fot-v4", "--format=value(state)"] + where
+  assert cmds[1] == base + ["create", "fot-v4", "--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base"] + where
+  assert cmds[2][:2] == ["tar", "czf"]
+  assert cmds[3] == base + ["scp", cmds[2][2], "fot-v4:~/fot_jax_checkout.tar.gz", "--worker=all"] + where
+  assert cmds[4][:6] == base + ["ssh", "fot-v4"] and cmds[4][6] == "--worker=all"
+  assert "pip install" in cmds[4][7] and "jax[tpu]==0.10.2" in cmds[4][7]
+  run = cmds[5]
+  assert run[:7] == base + ["ssh", "fot-v4", "--worker=all"]
+  assert run[7] == ("--command=cd ~/fot_jax && nohup .venv/bin/python -m fot_jax.main "
+                    "--config=experiments/longllama_3b.py --workdir=gs://bucket/l3b --jax_distributed "
+                    "> ~/fot_jax_run.log 2>&1 < /dev/null & echo $! > ~/fot_jax_run.pid")
+  assert cmds[6][:7] == base + ["ssh", "fot-v4", "--worker=0"] and "tail" in cmds[6][7]
+  assert len(cmds) == 7
+  tpu.main([f"--name=fot-v4", f"--zone={ZONE}", "--dry_run", "stop"])
+  assert _printed(capsys) == [base + ["ssh", "fot-v4", "--worker=all", "--command=kill -TERM $(cat ~/fot_jax_run.pid)",
+                                      f"--zone={ZONE}"]]
+
+
+def test_tpu_launcher_rejects_unknown_accelerators():
+  with pytest.raises(SystemExit, match="--accelerator=v9-8"):
+    tpu.main(["--name=x", f"--zone={ZONE}", "--accelerator=v9-8", "--dry_run", "delete"])
+  assert tpu.workers("v4-32") == 4 and tpu.workers("v3-8") == 1 and tpu.workers("v5p-128") == 16
+
+
+def test_sweep_expands_into_named_runs_with_their_own_workdirs(capsys):
+  path = "experiments/analysis_184m_c4.py"
+  assert sweep.main([f"--config={path}", "--workdir=runs/an", "--dry_run"]) == 0
+  cmds = _printed(capsys)
+  names = [r["name"] for r in configs.sweep_runs(path)]
+  assert names == ["d2to64_w1", "d1_w1", "d2to64_w2", "d1_w2"]
+  assert [c[-2:] for c in cmds] == [[f"--sweep_run={n}", f"--workdir=runs/an/{n}"] for n in names]
+  # Each run's overrides give a valid config with its own w and d schedule.
+  from experiments import analysis_184m_c4
+  for run in configs.sweep_runs(path):
+    config = configs.apply_overrides(analysis_184m_c4.get_config(), run)
+    configs.validate(config, check_data=False)  # C4 and its tokenizer are not on this machine
+    w = int(run["name"][-1])
+    assert config.data.windows_per_slot == w + 1
+    assert [s[1]["d"] for s in config.train.curriculum.stages] == ([2, 64] if "d2to64" in run["name"] else [1])
+  with pytest.raises(ValueError, match="no field 'nope'"):
+    configs.apply_overrides(analysis_184m_c4.get_config(), {"train.nope": 1})
+
+
+def test_every_experiment_file_validates():
+  """Files whose data (C4, arXiv, OpenLLaMA tokenizer) is not on this machine validate without
+  the data checks; the others with them."""
+  for name in sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments"))
+                     if f.endswith(".py") and f not in ("__init__.py", "base_lm.py")):
+    local_data = name in ("dictionary_lookup", "stdlib_lm_tiny")
+    configs.validate(configs.load_module(f"experiments/{name}.py").get_config(), check_data=local_data)
+
+
+def _main(*args):
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, "-m", "fot_jax.main", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+
+
+def test_plan_mode_reports_params_flops_and_memory_without_a_workdir():
+  proc = _main("--config=experiments/dictionary_lookup.py", "--mode=plan", "--config.mesh.data=2",
+               "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  out = proc.stdout
+  from fot_jax.train import init_params
+  cfg = configs.model_config(configs.load_module("experiments/dictionary_lookup.py").get_config())
+  import jax
+  n = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(init_params(cfg, 0)))
+  assert f"parameters         {n:,}" in out
+  assert "data=2 x fsdp=2 x tensor=2 x context=1 (8 devices)" in out
+  assert "16 rows x 256 tokens" in out
+  assert "FLOPs per step" in out and "memory per device" in out
+
+
+def test_plan_mode_rejects_a_bad_mesh_before_tracing():
+  proc = _main("--config=experiments/longllama_3b.py", "--mode=plan", "--plan_devices=256",
+               "--config.mesh.fsdp=64", "--config.mesh.tensor=2")
+  assert proc.returncode != 0
+  assert "config error: mesh: data*fsdp*tensor*context = 128 but there are 256 devices" in proc.stderr
+  assert "Traceback" not in proc.stderr
+  proc = _main("--config=experiments/longllama_3b.py", "--mode=plan", "--config.mesh.fsdp=256",
+               "--config.mesh.tensor=1")
+  assert proc.returncode != 0
+  assert re.search(r"config error: model parameter .*: dimension \d of size 3200 is not divisible by mesh axes "
+                   r"fsdp of size 256", proc.stderr)
+  assert "Traceback" not in proc.stderr
