@@ -12,7 +12,7 @@ from fot_jax import crossbatch
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig, get_size
 
-EXPERIMENTS = ("dictionary_lookup",)
+EXPERIMENTS = ("dictionary_lookup", "lm")
 
 
 def _plain(x):
@@ -45,6 +45,8 @@ def validate(config) -> None:
   """Checks an experiment config; raises ValueError naming the bad field."""
   if config.get("experiment") not in EXPERIMENTS:
     raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {config.get('experiment')!r}")
+  if config.experiment == "lm":
+    return validate_lm(config)
   cfg = model_config(config)
   task = dictionary_task(config)
   if cfg.vocab_size < task.vocab_size:
@@ -87,3 +89,44 @@ def validate(config) -> None:
       w = config[arm].window
       if m + task.queries_len > w and m % w:
         raise ValueError(f"eval.memory_tokens: {m} must be a multiple of {arm}.window={w}")
+
+
+def validate_lm(config) -> None:
+  """Language-model experiments (experiments/base_lm.py fields)."""
+  from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
+  cfg = model_config(config)
+  d, t = config.data, config.train
+  vocab = vocab_lib.get_vocabulary(d.vocab)
+  vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
+  if not cfg.mem_layers:
+    raise ValueError("model.mem_layers: FoT needs at least one memory layer")
+  for name in ("task", "eval_task"):
+    tasks.get_provider(d[name])
+  for field in ("slots", "windows_per_slot", "window"):
+    if int(d[field]) <= 0:
+      raise ValueError(f"data.{field}: must be positive, got {d[field]}")
+  if float(config.optim.lr) <= 0:
+    raise ValueError(f"optim.lr: must be positive, got {config.optim.lr}")
+  sched = Schedule(t.curriculum)
+  k = int(d.windows_per_slot)
+  if sched.pack not in (1, k):
+    raise ValueError(f"train.curriculum: pack size k={sched.pack} (w + 1) must equal "
+                     f"data.windows_per_slot={k}")
+  rows = int(d.slots) * k
+  accum = int(t.get("accum_steps", 1))
+  if accum <= 0 or int(d.slots) % accum:
+    raise ValueError(f"train.accum_steps={accum} must divide data.slots={d.slots} "
+                     f"(gradient accumulation never splits a pack)")
+  for spec in sched.all_specs():
+    crossbatch.plan_from_spec(rows // accum, spec)
+  crossbatch.scored_rows(rows, k, t.loss_on)
+  if t.get("init_from"):
+    raise ValueError("train.init_from: starting an LM run from a checkpoint is not supported by this runner yet")
+  ev = config.eval
+  if ev.doc_mode != "single_doc":
+    raise ValueError(f"eval.doc_mode: only 'single_doc' is implemented, got {ev.doc_mode!r}")
+  if ev.mode not in ("dense", "topk"):
+    raise ValueError(f"eval.mode: must be 'dense' or 'topk', got {ev.mode!r}")
+  if any(int(m) < 0 for m in ev.memory_tokens) or int(ev.score_tokens) <= 0:
+    raise ValueError(f"eval.memory_tokens / eval.score_tokens: must be >= 0 / > 0, got "
+                     f"{list(ev.memory_tokens)} / {ev.score_tokens}")

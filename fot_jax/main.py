@@ -34,6 +34,9 @@ def main(argv):
   if config.experiment == "dictionary_lookup":
     from fot_jax import runs
     runs.run_dictionary_lookup(config, _WORKDIR.value, train=_MODE.value == "train")
+  elif config.experiment == "lm":
+    from fot_jax import runs
+    runs.run_lm(config, _WORKDIR.value, train=_MODE.value == "train")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,15 @@ def params_from_checkpoint(path: str, model_cfg: ModelConfig):
   return params
 
 
+def _extra_state(schedule: Schedule, batch_fn) -> dict:
+  """JSON saved next to the train state: the curriculum's state and, when the batch source
+  keeps one (a resumable pipeline: `state_dict()` / `load_state_dict()`), its position."""
+  extra = {"schedule": schedule.state_dict()}
+  if hasattr(batch_fn, "load_state_dict"):
+    extra["data"] = batch_fn.state_dict()
+  return extra
+
+
 def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Callable[[int], Dict[str, np.ndarray]],
           workdir: str, name: str = "train", init_params_tree=None) -> Dict[str, Any]:
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds'}.
@@ -170,7 +179,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
   checkpoint_every, optim (see make_optimizer), init_from (fot_jax checkpoint to start from;
   resuming from workdir's own checkpoints wins over it).
-  batch_fn(step) -> inputs/targets/loss_mask [B, T]; rows in packs of schedule.pack.
+  batch_fn(step) -> inputs/targets/loss_mask [B, T]; rows in packs of schedule.pack. A
+  batch_fn with state_dict()/load_state_dict() has its state checkpointed and restored.
   """
   steps = int(train_cfg["steps"])
   accum = int(train_cfg.get("accum_steps", 1))
@@ -188,6 +198,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
         state=ocp.args.StandardRestore(state), extra=ocp.args.JsonRestore()))
     state = restored["state"]
     schedule.load_state_dict(restored["extra"]["schedule"])
+    if hasattr(batch_fn, "load_state_dict") and "data" in restored["extra"]:
+      batch_fn.load_state_dict(restored["extra"]["data"])  # the data pipeline's position
     print(f"[{name}] resumed from step {start}")
   step_fn = make_train_step(model_cfg, optimizer, accum)
   log = MetricsLog(workdir, name)
@@ -227,7 +239,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
               f"{rd} spec {spec} | {tps:,.0f} tok/s | ETA {eta:.0f}s", flush=True)
     if ckpt_every and (step + 1) % ckpt_every == 0 or step + 1 == steps:
       manager.save(step + 1, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave({"schedule": schedule.state_dict()})))
+          state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(_extra_state(schedule, batch_fn))))
   manager.wait_until_finished()
   manager.close()
   return {"params": state.params, "history": history, "steps": steps, "seconds": time.time() - t0}

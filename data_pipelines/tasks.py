@@ -1,0 +1,204 @@
+"""SeqIO tasks and mixtures of raw documents, registered by name.
+
+Every text task yields one example per document with a string feature `text`; the
+vocabulary is chosen by the run (`c.data.vocab`) and applied by the pipeline
+(`data_pipelines.pipeline`), so one registered task serves every tokenizer.
+Token tasks (the synthetic dictionary lookup) yield int32 `tokens` instead.
+
+Registered on import:
+  stdlib             the Python standard library's own .py files (found via sysconfig),
+                     splits train / validation (held-out files); no download needed
+  pg19, c4           TFDS sources as they are (the user's downloaded TFDS data)
+  dictionary_lookup  synthetic dictionary documents (data_pipelines.dictionary_lookup)
+  passkey            synthetic passkey documents (data_pipelines.passkey)
+Names resolved on first use:
+  tfds:NAME          any TFDS text dataset with a `text` field (register_tfds_task for others)
+  files:PATTERN      a directory or glob of text files, one document per file (.gz accepted)
+  jsonl:PATTERN      JSON-lines files, one document per line's `text` field (.gz accepted)
+Mixtures: `register_mixture(name, {task: rate})`; `register_longllama_mixture` reproduces
+LongLLaMA's proportions over whichever of its sources the user has registered.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from typing import Callable, Dict, Iterator, Optional
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from data_pipelines import passkey, sources
+from data_pipelines.dictionary_lookup import DictionaryTask
+
+TEXT, TOKENS = "text", "tokens"
+_TEXT_FEATURES = {TEXT: seqio.Feature(seqio.PassThroughVocabulary(1), dtype=tf.string, rank=0,
+                                      add_eos=False, required=False)}
+_TOKEN_FEATURES = {TOKENS: seqio.Feature(seqio.PassThroughVocabulary(1), dtype=tf.int32, rank=1,
+                                         add_eos=False, required=False)}
+BAD_INPUT: Dict[str, sources.BadInputStats] = {}  # task name -> counters of its readers
+_ALIASES: Dict[str, str] = {}  # 'files:/a/b/*.txt' -> the SeqIO-valid name it is registered under
+
+# LongLLaMA's training mixture (LongLLaMA README / FoT paper App.): source -> rate.
+LONGLLAMA_PROPORTIONS = {"arxiv": 0.25, "python": 0.25, "book": 0.10, "common_crawl": 0.29, "c4": 0.05,
+                         "github": 0.02, "stackexchange": 0.02, "wikipedia": 0.02}
+
+
+class _PythonSource(seqio.FunctionDataSource):
+  """A FunctionDataSource without seqio's 'uncached function source' warning: our readers
+  shuffle their own file order from the seed, deterministically, every epoch."""
+
+  def get_dataset(self, split="train", shuffle=True, seed=None, shard_info=None, **unused):
+    return self._dataset_fn(split=split, shuffle_files=shuffle, seed=seed)
+
+
+def _text_dataset(make_texts: Callable[[str, Optional[int]], Iterator[str]]):
+  def dataset_fn(split, shuffle_files, seed=None):
+    texts = make_texts(split, seed if shuffle_files else None)  # runs now: bad patterns fail here
+    first = next(texts, None)
+    def gen():
+      if first is not None:
+        yield {TEXT: first}
+        for t in texts:
+          yield {TEXT: t}
+    return tf.data.Dataset.from_generator(gen, output_signature={TEXT: tf.TensorSpec((), tf.string)})
+  return dataset_fn
+
+
+def _register(name: str, source, features=_TEXT_FEATURES, preprocessors=()):
+  if name in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.remove(name)
+  return seqio.TaskRegistry.add(name, source=source, output_features=features,
+                                preprocessors=list(preprocessors), shuffle_buffer_size=256)
+
+
+def _files_source(name, pattern, read, splits=("train",), suffixes=None):
+  stats = BAD_INPUT.setdefault(name, sources.BadInputStats())
+
+  def make_texts(split, seed):
+    paths = sources.expand(pattern, suffixes)
+    if not paths:
+      raise ValueError(f"data task {name!r}: no files match {pattern!r}")
+    return read(paths, stats, seed)
+  return _PythonSource(_text_dataset(make_texts), splits=splits)
+
+
+def register_files_task(name: str, pattern: str, invalid_utf8: str = "replace", max_bytes: int = 0):
+  """A directory or glob of text/code files, one document per file (gzip by .gz suffix)."""
+  read = functools.partial(_read_text_files, invalid_utf8=invalid_utf8, max_bytes=max_bytes)
+  return _register(name, _files_source(name, pattern, read))
+
+
+def register_jsonl_task(name: str, pattern: str, field: str = "text", invalid_utf8: str = "replace",
+                        max_bytes: int = 0):
+  """JSON-lines files (gzip by .gz suffix), one document per line's `field`."""
+  def read(paths, stats, seed):
+    return sources.jsonl_files(paths, field, stats, seed, invalid_utf8, max_bytes)
+  return _register(name, _files_source(name, pattern, read))
+
+
+def _read_text_files(paths, stats, seed, invalid_utf8, max_bytes):
+  return sources.text_files(paths, stats, seed, invalid_utf8, max_bytes)
+
+
+def register_tfds_task(name: str, tfds_name: str, text_key: str = "text", data_dir: Optional[str] = None):
+  """A TFDS dataset as it is; `text_key` names its document field."""
+  pre = [] if text_key == TEXT else [functools.partial(seqio.preprocessors.rekey, key_map={TEXT: text_key})]
+  return _register(name, seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=data_dir), preprocessors=pre)
+
+
+def register_stdlib_task(name: str = "stdlib", heldout_percent: int = 5):
+  stats = BAD_INPUT.setdefault(name, sources.BadInputStats())
+
+  def make_texts(split, seed):
+    paths = sources.stdlib_paths(split, heldout_percent)
+    if not paths:
+      raise ValueError(f"data task {name!r}: no stdlib .py files found for split {split!r}")
+    return sources.text_files(paths, stats, seed)
+  return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
+
+
+def register_dictionary_task(name: str = "dictionary_lookup", task: DictionaryTask = DictionaryTask(),
+                             docs_per_epoch: int = 10000):
+  """Synthetic dictionary documents as int32 token sequences (their own id space)."""
+  def dataset_fn(split, shuffle_files, seed=None):
+    base = (0 if seed is None else int(seed)) + (10**6 if split == "validation" else 0)
+    def gen():
+      rng = np.random.default_rng(base)
+      for _ in range(docs_per_epoch):
+        yield {TOKENS: task.document(rng)["tokens"].astype(np.int32)}
+    return tf.data.Dataset.from_generator(gen, output_signature={TOKENS: tf.TensorSpec((None,), tf.int32)})
+  return _register(name, _PythonSource(dataset_fn, splits=("train", "validation")), features=_TOKEN_FEATURES)
+
+
+def register_passkey_task(name: str = "passkey", filler_repeats: int = 200, docs_per_epoch: int = 10000):
+  def make_texts(split, seed):
+    rng = np.random.default_rng((0 if seed is None else int(seed)) + (10**6 if split == "validation" else 0))
+    return (passkey.passkey_document(rng, filler_repeats)["text"] for _ in range(docs_per_epoch))
+  return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
+
+
+def register_mixture(name: str, rates: Dict[str, float]):
+  if name in seqio.MixtureRegistry.names():
+    seqio.MixtureRegistry.remove(name)
+  for task in rates:
+    get_provider(task)  # resolves and validates every member now
+  return seqio.MixtureRegistry.add(name, [(t, float(r)) for t, r in rates.items()])
+
+
+def register_longllama_mixture(name: str = "longllama", available: Optional[Dict[str, str]] = None):
+  """LongLLaMA's proportions over the sources the user has: available maps a LongLLaMA source
+  ('arxiv', 'python', ...) to a registered task name; rates are renormalised over those given."""
+  available = available or {}
+  unknown = sorted(set(available) - set(LONGLLAMA_PROPORTIONS))
+  if unknown or not available:
+    raise ValueError(f"longllama mixture: map some of {sorted(LONGLLAMA_PROPORTIONS)} to task names; "
+                     f"got {sorted(available)}")
+  return register_mixture(name, {task: LONGLLAMA_PROPORTIONS[src] for src, task in available.items()})
+
+
+def get_provider(name: str):
+  """A registered task or mixture by name; 'tfds:', 'files:' and 'jsonl:' names register on first use."""
+  if name in seqio.MixtureRegistry.names():
+    return seqio.MixtureRegistry.get(name)
+  if name in _ALIASES:
+    return seqio.TaskRegistry.get(_ALIASES[name])
+  if name not in seqio.TaskRegistry.names():
+    kind, _, arg = name.partition(":")
+    # SeqIO task names allow only [\w.:#]: paths and TFDS names get a registered alias.
+    alias = f"{kind}:" + re.sub(r"[^\w.]", "_", arg)[-60:] + "#" + hashlib.sha1(arg.encode()).hexdigest()[:8]
+    if kind == "tfds" and arg:
+      register_tfds_task(alias, arg)
+    elif kind == "files" and arg:
+      register_files_task(alias, arg)
+    elif kind == "jsonl" and arg:
+      register_jsonl_task(alias, arg)
+    else:
+      raise ValueError(f"data.task: unknown task or mixture {name!r}; registered: "
+                       f"{sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))} "
+                       f"(or use tfds:NAME, files:PATTERN, jsonl:PATTERN)")
+    _ALIASES[name] = alias
+    return seqio.TaskRegistry.get(alias)
+  return seqio.TaskRegistry.get(name)
+
+
+def bad_input(name: str) -> sources.BadInputStats:
+  """Bad-input counters of a task, or of all members of a mixture, merged."""
+  provider = get_provider(name)
+  merged = sources.BadInputStats()
+  members = [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [provider.name]
+  for m in members:
+    s = BAD_INPUT.get(m)
+    if s is not None:
+      merged.counts.update(s.counts)
+      for k, v in s.examples.items():
+        merged.examples.setdefault(k, v)
+  return merged
+
+
+register_stdlib_task()
+register_tfds_task("pg19", "pg19:0.1.1", text_key="book_text")
+register_tfds_task("c4", "c4/en:3.1.0")
+register_dictionary_task()
+register_passkey_task()

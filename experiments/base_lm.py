@@ -1,0 +1,47 @@
+"""Shared defaults of language-model experiment files (the field names all LM runs use).
+
+An experiment file calls `base_config()` and changes what it needs. `c.experiment`
+selects the runner in fot_jax.main ('lm': train, then perplexity against memory size).
+"""
+import ml_collections
+
+
+def base_config():
+  c = ml_collections.ConfigDict()
+  c.experiment = "lm"
+  c.seed = 0
+  c.model = ml_collections.ConfigDict({
+      "size": "tiny",  # a name from fot_jax.model.config.SIZES
+      "overrides": ml_collections.ConfigDict({}),  # ModelConfig fields
+  })
+  c.data = ml_collections.ConfigDict({
+      "task": "stdlib",  # a registered SeqIO task or mixture (data_pipelines.tasks)
+      "vocab": "byte",  # 'byte' or a SentencePiece model path
+      "slots": 8,  # S, over all hosts
+      "windows_per_slot": 2,  # k
+      "window": 256,  # T, tokens per row
+      "min_doc_len": 1,
+      "max_doc_len": 0,  # longer documents are truncated (0: never)
+      "split": "train",
+      "eval_task": "stdlib",  # held-out documents for perplexity
+      "eval_split": "validation",
+  })
+  c.optim = ml_collections.ConfigDict({
+      "lr": 1e-3, "warmup_steps": 20, "schedule": "cosine", "total_steps": 1000,
+      "weight_decay": 0.0, "clip_norm": 1.0, "b1": 0.9, "b2": 0.95,
+  })
+  c.train = ml_collections.ConfigDict({
+      "steps": 1000, "loss_on": "all", "accum_steps": 1, "log_every": 10, "checkpoint_every": 100,
+      # The same format as c.fot.curriculum in experiments/dictionary_lookup.py.
+      "curriculum": ml_collections.ConfigDict({"kind": "constant", "spec": {"d": 2, "w": 1}}),
+      "init_from": None,
+  })
+  # The same model trained without crossbatch (a local-window transformer), evaluated alike.
+  c.baseline = ml_collections.ConfigDict({"enabled": True})
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  c.eval = ml_collections.ConfigDict({
+      "memory_tokens": [0, 2048, 8192, 32768],
+      "score_tokens": 512,  # the scored tail of each held-out document
+      "n_docs": 16, "batch": 8, "mode": "dense", "topk": 32, "doc_mode": "single_doc",
+  })
+  return c

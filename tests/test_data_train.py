@@ -1,0 +1,93 @@
+"""The trainer with the slot pipeline: its position is checkpointed, so a stopped and resumed
+run gets exactly the batches of the uninterrupted one; the LM job end to end."""
+import json
+
+import numpy as np
+import pytest
+
+from data_pipelines.slots import SlotBatcher
+from experiments import stdlib_lm_tiny
+from fot_jax import configs, runs
+from fot_jax.curriculum import Schedule
+from fot_jax.model.config import get_size
+from fot_jax.train import train
+
+CFG = get_size("tiny")
+
+
+class Recording:
+  """Wraps a batch source, recording what the trainer asked for (and forwarding its state)."""
+
+  def __init__(self, inner):
+    self.inner, self.seen = inner, {}
+
+  def __call__(self, step):
+    batch = self.inner(step)
+    self.seen[step] = batch
+    return batch
+
+  def state_dict(self):
+    return self.inner.state_dict()
+
+  def load_state_dict(self, state):
+    self.inner.load_state_dict(state)
+
+
+def _source():
+  rng = np.random.default_rng(0)
+  docs = [rng.integers(3, 64, int(rng.integers(5, 60))) for _ in range(40)]
+  return Recording(SlotBatcher(lambda epoch, skip: iter(docs[skip:]), slots=4, windows=2, window=8, bos=1,
+                               eos=2, repeat=True))
+
+
+def _cfg(steps, every):
+  return {"steps": steps, "seed": 0, "loss_on": "all", "log_every": 1, "checkpoint_every": every,
+          "optim": {"lr": 1e-2}}
+
+
+def test_resumed_training_gets_the_uninterrupted_batches(tmp_path):
+  sched = lambda: Schedule({"kind": "constant", "spec": {"d": 2, "w": 1}})
+  full = _source()
+  out_full = train(CFG, _cfg(5, 0), sched(), full, str(tmp_path / "full"))
+  part = _source()
+  train(CFG, _cfg(3, 3), sched(), part, str(tmp_path / "part"))
+  saved = json.loads((tmp_path / "part" / "checkpoints" / "3" / "extra" / "metadata").read_text())
+  assert saved["data"]["next_step"] == 3
+  resumed = _source()  # a new process: fresh pipeline, state from the checkpoint
+  out_res = train(CFG, _cfg(5, 3), sched(), resumed, str(tmp_path / "part"))
+  assert sorted(resumed.seen) == [3, 4]
+  for step in (3, 4):
+    for k in full.seen[step]:
+      np.testing.assert_array_equal(resumed.seen[step][k], full.seen[step][k])
+  assert [h["loss"] for h in out_res["history"]] == [h["loss"] for h in out_full["history"][3:]]
+
+
+def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
+  config = stdlib_lm_tiny.get_test_config()
+  configs.validate(config)
+  results = runs.run_lm(config, str(tmp_path))
+  saved = json.loads((tmp_path / "results.json").read_text())
+  for arm in ("fot", "no_crossbatch"):
+    assert saved[arm]["memory_tokens"] == [0, 64, 128]
+    assert all(np.isfinite(p) and p > 1 for p in saved[arm]["perplexity"])
+    assert saved[arm]["tokens"] == [64, 64, 64]
+  assert (tmp_path / "perplexity_vs_memory.png").stat().st_size > 1000
+  assert "documents used" in saved["data"]["fot"]["pipeline"]
+  assert results["fot"]["perplexity"] == saved["fot"]["perplexity"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("model.overrides.vocab_size", 100, "260 tokens.*model.vocab_size=100"),
+    ("data.task", "nope", "unknown task or mixture 'nope'"),
+    ("data.windows_per_slot", 3, "windows_per_slot=3"),
+    ("data.vocab", "/no/such.model", "data.vocab"),
+])
+def test_lm_validate_names_the_problem(field, value, message):
+  config = stdlib_lm_tiny.get_config()
+  node = config
+  *parents, leaf = field.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  with pytest.raises(ValueError, match=message):
+    configs.validate(config)
