@@ -155,7 +155,8 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
           q = host_index.memory_queries(params, jnp.asarray(queries), cfg, layer)
           exclude = [(w * window, (w + 1) * window) for w in own_w]
           cand, recall = index.candidates(q, topk, exclude)
-          recalls.append(recall)
+          if recall is not None:
+            recalls.append(recall)
           blocks = {layer: [cand, own_block]}
         logits, _ = forward_window(params, jnp.asarray(queries), jnp.ones(queries.shape, bool), blocks,
                             cfg, mode, topk, chunk)
@@ -167,7 +168,7 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
       results[key].append(val)
     note = ""
     if retrieval:
-      rec = float(np.mean(recalls)) if in_memory else None
+      rec = float(np.mean(recalls)) if in_memory and recalls else None
       results["recall"].append(rec)
       note = f", {retrieval} recall@{topk} {rec:.3f}" if rec is not None else ""
     log(f"[{name}] dictionary ({retrieval or mode}): context {context:>9,} tokens ({in_memory:,} in memory): "

@@ -44,7 +44,8 @@ class HostIndex:
     self.keys, self.values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
     m, kv, d = self.keys.shape
     self.kind, self.nprobe, self.recall_queries = kind, int(nprobe), int(recall_queries)
-    self.nlist = int(nlist) or max(1, min(4096, int(4 * math.sqrt(m))))
+    # 4 sqrt(M) lists, at most 4096, and >= 39 keys per list (faiss's k-means minimum)
+    self.nlist = int(nlist) or max(1, min(4096, int(4 * math.sqrt(m)), m // 39))
     self.rng = np.random.default_rng(seed)
     self.indexes = []
     for h in range(kv):
@@ -70,7 +71,8 @@ class HostIndex:
 
   def candidates(self, queries, k: int, exclude: Sequence[Tuple[int, int]]) -> Tuple[MemoryBlock, float]:
     """queries [B, T, KV, G, D] -> (a MemoryBlock [B, C, KV, D] of each row's retrieved entries,
-    the union over its queries and heads; recall@k of the retrieval on a sample of queries).
+    the union over its queries and heads; recall@k of the retrieval on a sample of queries,
+    None when nothing was left to retrieve).
     exclude[r] = (lo, hi): entries row r must not see (its own window's shared copy)."""
     q = np.asarray(queries, np.float32)
     b, t, kv, g, d = q.shape
@@ -96,13 +98,15 @@ class HostIndex:
     for r, ids in enumerate(rows):
       keys[r, :len(ids)], values[r, :len(ids)], mask[r, :len(ids)] = self.keys[ids], self.values[ids], True
     block = MemoryBlock(jnp.asarray(keys), jnp.asarray(values), jnp.asarray(mask))
-    return block, hit / max(total, 1)
+    return block, (hit / total if total else None)
 
   def _recall(self, q, ids, h, k, lo, hi):
     """Retrieved entries among the exact top-k (brute force over the whole memory)."""
     s = q @ self.keys[:, h, :].T
     s[:, lo:hi] = -np.inf
     kk = min(k, s.shape[1] - (hi - lo))
+    if kk <= 0:
+      return 0, 0
     exact = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
     hit = sum(len(set(e.tolist()) & set(f.tolist())) for e, f in zip(exact, ids))
     return hit, kk * len(q)

@@ -36,9 +36,9 @@ def _fmt(x, digits=3) -> str:
   return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def _table(header: List[str], rows: List[List]) -> str:
+def _table(header: List[str], rows: List[List], digits: int = 3) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+  lines += ["| " + " | ".join(_fmt(c, digits) for c in row) + " |" for row in rows]
   return "\n".join(lines)
 
 
@@ -66,7 +66,7 @@ def tables(suite: str, runs: Runs) -> str:
   if suite == "rd":
     ds = _union(r["d"] for r in runs.values())
     rows = [[d, 1.0 / d] + [_at(r["d"], r["r_d"], d) for r in runs.values()] for d in ds]
-    return _table(["d", "1/d"] + [f"r_d {n}" for n in names], rows)
+    return _table(["d", "1/d"] + [f"r_d {n}" for n in names], rows, digits=4)
   if suite in ("passkey", "niah"):
     parts = []
     for variant in (["single", "multi"] if suite == "niah" else [None]):

@@ -30,12 +30,15 @@ class InferenceModel:
 
 
 def encode(vocab, prompt: str, answer: str) -> Tuple[np.ndarray, int]:
-  """-> (bos + prompt + answer ids, index of the first answer token)."""
-  p = [int(vocab.bos_id)] + list(vocab.encode(prompt))
-  a = list(vocab.encode(answer))
+  """-> (bos + prompt + answer ids, index of the first answer token). The whole text is
+  encoded at once (as a user's prompt would be) when the prompt's own ids are a prefix of
+  it; otherwise (a merge across the boundary) prompt and answer are encoded apart."""
+  p = list(vocab.encode(prompt))
+  full = list(vocab.encode(prompt + answer))
+  a = full[len(p):] if full[:len(p)] == p else list(vocab.encode(answer))
   if not a:
     raise ValueError(f"retrieval: the answer {answer!r} encodes to no tokens")
-  return np.asarray(p + a, np.int32), len(p)
+  return np.asarray([int(vocab.bos_id)] + p + a, np.int32), len(p) + 1
 
 
 def score(model, examples: Sequence[Tuple[np.ndarray, int]], batch: int = 8) -> np.ndarray:

@@ -31,11 +31,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.batch = 8
   c.chunk = 8192
   c.ppl = ml_collections.ConfigDict({
-      "memory_tokens": [0, 2048, 8192, 32768], "score_tokens": 512, "n_docs": 16,
+      "memory_tokens": (0, 2048, 8192, 32768), "score_tokens": 512, "n_docs": 16,
       "distractor_tokens": -1,  # multi_doc: earlier documents' tokens in memory; -1 = max(memory_tokens)
-      "doc_modes": ["single_doc", "multi_doc"]})
-  c.rd = ml_collections.ConfigDict({"ds": [1, 2, 4, 8, 16, 32, 64], "context_windows": 1, "n_docs": 64})
-  grid = {"lengths": [256, 512, 1024, 2048, 4096], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 4,
+      "doc_modes": ("single_doc", "multi_doc")})
+  c.rd = ml_collections.ConfigDict({"ds": (1, 2, 4, 8, 16, 32, 64), "context_windows": 1, "n_docs": 64,
+                                    "split": ""})  # '' = eval.split; stdlib's validation split has ~40 files
+  grid = {"lengths": (256, 512, 1024, 2048, 4096), "depths": (0.0, 0.25, 0.5, 0.75, 1.0), "trials": 4,
           "threshold": 0.9}
   c.passkey = ml_collections.ConfigDict(dict(grid))
   c.niah = ml_collections.ConfigDict(dict(grid, n_needles=4, corpus_docs=200))
@@ -43,8 +44,8 @@ def default_config() -> ml_collections.ConfigDict:
       # data_pipelines.dictionary_lookup.DictionaryTask (the demo's task by default)
       "task": {"num_symbols": 256, "num_value_symbols": 256, "key_len": 2, "value_len": 2, "n_defs": 64,
                "n_queries": 64, "layout": "kv"},
-      "memory_tokens": [256, 1024, 4096, 16384, 65536, 262144, 1048576], "n_docs": 8, "topk": 32,
-      "modes": ["dense", "topk", "ivf"],  # 'flat' = exact top-k from a host index
+      "memory_tokens": (256, 1024, 4096, 16384, 65536, 262144, 1048576), "n_docs": 8, "topk": 32,
+      "modes": ("dense", "topk", "ivf"),  # 'flat' = exact top-k from a host index
       "nprobe": 8, "nlist": 0,  # IVF lists searched / total (0: 4 sqrt(M), at most 4096)
       "device_max_tokens": 262144,  # beyond this, memory stays on the host (faiss): dense/topk skipped
       "threshold": 0.5, "seed": 1234})
@@ -73,24 +74,25 @@ class Context:
     c = self.config
     return MemoryInference(self.cfg, self.params, self.window, mode or c.mode, c.topk, c.chunk)
 
-  def docs(self, need: int, n: int, wrap: bool = True) -> List[np.ndarray]:
+  def docs(self, need: int, n: int, wrap: bool = True, split: str = "") -> List[np.ndarray]:
     """n held-out documents of at least `need` tokens (`bos doc eos` when wrap), in stored order."""
     from data_pipelines import pipeline, vocab as vocab_lib
     c = self.config
+    split = split or c.split
     if c.task == "dictionary_lookup":  # the dict suite's task, documents straight from its generator
       task = dict_task(c)
       rng = np.random.default_rng([c.seed, 7])
       return [task.document(rng)["tokens"].astype(np.int32) for _ in range(n)]
     ids = vocab_lib.special_ids(self.vocab)
     out = []
-    for doc in pipeline.document_tokens(c.task, self.vocab, c.split, seed=None, shuffle=False):
+    for doc in pipeline.document_tokens(c.task, self.vocab, split, seed=None, shuffle=False):
       if wrap:
         doc = np.concatenate([[ids["bos"]], doc, [ids["eos"]]])
       if len(doc) >= need:
         out.append(np.asarray(doc, np.int32))
         if len(out) == n:
           return out
-    raise ValueError(f"eval: task {c.task!r} split {c.split!r} has only {len(out)} documents of at least "
+    raise ValueError(f"eval: task {c.task!r} split {split!r} has only {len(out)} documents of at least "
                      f"{need} tokens, {n} are needed; lower the sizes or the document count")
 
   def texts(self, n: int) -> List[str]:
@@ -130,9 +132,11 @@ def run_rd(ctx: Context) -> Dict:
   from fot_jax.eval.rd import positive_attention_mass
   r = ctx.config.rd
   need = (int(r.context_windows) + 1) * ctx.window
-  docs = ctx.docs(need, int(r.n_docs), wrap=ctx.config.task != "dictionary_lookup")
-  return positive_attention_mass(ctx.cfg, ctx.params, docs, ctx.window, [int(d) for d in r.ds],
-                                 int(r.context_windows), ctx.config.batch, name=ctx.name)
+  docs = ctx.docs(need, int(r.n_docs), wrap=ctx.config.task != "dictionary_lookup", split=r.split)
+  out = positive_attention_mass(ctx.cfg, ctx.params, docs, ctx.window, [int(d) for d in r.ds],
+                                int(r.context_windows), ctx.config.batch, name=ctx.name)
+  out["split"] = r.split or ctx.config.split
+  return out
 
 
 def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
