@@ -44,8 +44,8 @@ class HostIndex:
     self.keys, self.values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
     m, kv, d = self.keys.shape
     self.kind, self.nprobe, self.recall_queries = kind, int(nprobe), int(recall_queries)
-    # 4 sqrt(M) lists, at most 4096, and >= 39 keys per list (faiss's k-means minimum)
-    self.nlist = int(nlist) or max(1, min(4096, int(4 * math.sqrt(m)), m // 39))
+    # 4 sqrt(M) lists, at most 1024 (k-means cost), and >= 39 keys per list (faiss's minimum)
+    self.nlist = int(nlist) or max(1, min(1024, int(4 * math.sqrt(m)), m // 39))
     self.rng = np.random.default_rng(seed)
     self.indexes = []
     for h in range(kv):

@@ -7,6 +7,8 @@ import json
 import os
 from typing import Dict, List
 
+import numpy as np
+
 Runs = Dict[str, dict]  # run name -> one suite's result JSON
 
 
@@ -112,7 +114,13 @@ def plot_suite(suite: str, runs: Runs, out_dir: str, prefix: str = "") -> List[s
     return []
   files = []
 
-  def save(fig, name):
+  def save(fig, ax, xlabel, ylabel, title, name):  # the line plots: log2 x, grid, legend
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, prefix + name), dpi=110)
     plt.close(fig)
@@ -124,36 +132,28 @@ def plot_suite(suite: str, runs: Runs, out_dir: str, prefix: str = "") -> List[s
       for mode, style in (("single_doc", "-o"), ("multi_doc", "--s")):
         if mode in r:
           ax.plot([max(m, 1) for m in r[mode]["memory_tokens"]], r[mode]["perplexity"], style, label=f"{n} {mode}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("memory tokens from the document (0 plotted at 1)")
-    ax.set_ylabel("perplexity")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("Perplexity against memory")
-    save(fig, "ppl.png")
+    save(fig, ax, "memory tokens from the document (0 plotted at 1)", "perplexity", "Perplexity against memory",
+         "ppl.png")
   elif suite == "rd":
     fig, ax = plt.subplots(figsize=(6, 4))
     ds = _union(r["d"] for r in runs.values())
     ax.plot(ds, [1 / d for d in ds], "k--", label="1/d")
     for n, r in runs.items():
       ax.plot(r["d"], r["r_d"], "-o", label=n)
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("documents in memory d")
-    ax.set_ylabel("positive attention mass r_d")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("Positive attention mass of the memory layers")
-    save(fig, "rd.png")
+    save(fig, ax, "documents in memory d", "positive attention mass r_d",
+         "Positive attention mass of the memory layers", "rd.png")
   elif suite in ("passkey", "niah"):
     variants = ["single", "multi"] if suite == "niah" else [None]
-    fig, axes = plt.subplots(len(variants), len(runs), figsize=(3.6 * len(runs) + 0.6, 3.2 * len(variants)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(variants), len(runs), figsize=(4.2 * len(runs) + 1.2, 3.4 * len(variants)),
+                             squeeze=False, constrained_layout=True)
     for vi, variant in enumerate(variants):
       for ri, (n, r) in enumerate(runs.items()):
         g = r[variant] if variant else r
         ax = axes[vi, ri]
         im = ax.imshow(g["accuracy"], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
+        for (li, di), a in np.ndenumerate(np.asarray(g["accuracy"])):
+          ax.text(di, li, f"{a:.2f}", ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(g["depths"])), [f"{d:g}" for d in g["depths"]])
         ax.set_yticks(range(len(g["lengths"])), [f"{x:,}" for x in g["lengths"]])
         ax.set_xlabel("depth")
@@ -169,14 +169,9 @@ def plot_suite(suite: str, runs: Runs, out_dir: str, prefix: str = "") -> List[s
       for mode, style in (("dense", "-o"), ("topk", "-s"), ("flat", ":^"), ("ivf", "--x")):
         if mode in r:
           ax.plot(r[mode]["memory_tokens"], r[mode]["accuracy"], style, label=f"{n} {mode}")
-    ax.set_xscale("log", base=2)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("context tokens (memory + local)")
-    ax.set_ylabel("accuracy (all value tokens)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("Dictionary lookup: dense, exact and approximate top-k")
-    save(fig, "dict.png")
+    save(fig, ax, "context tokens (memory + local)", "accuracy (all value tokens)",
+         "Dictionary lookup: dense, exact and approximate top-k", "dict.png")
   return files
 
 

@@ -46,7 +46,7 @@ def default_config() -> ml_collections.ConfigDict:
                "n_queries": 64, "layout": "kv"},
       "memory_tokens": (256, 1024, 4096, 16384, 65536, 262144, 1048576), "n_docs": 8, "topk": 32,
       "modes": ("dense", "topk", "ivf"),  # 'flat' = exact top-k from a host index
-      "nprobe": 8, "nlist": 0,  # IVF lists searched / total (0: 4 sqrt(M), at most 4096)
+      "nprobe": 8, "nlist": 0,  # IVF lists searched / total (0: 4 sqrt(M), at most 1024)
       "device_max_tokens": 262144,  # beyond this, memory stays on the host (faiss): dense/topk skipped
       "threshold": 0.5, "seed": 1234})
   return c
