@@ -24,7 +24,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.task = "stdlib"  # held-out documents (ppl, rd) and the NIAH haystack; 'dictionary_lookup' for dict models
   c.split = "validation"
-  c.vocab = ""  # 'byte', a SentencePiece path, 'dictionary_lookup'; '' = the checkpoint's, else 'byte'
+  c.vocab = ""  # 'byte', a SentencePiece path, 'dictionary_lookup'; '' = the checkpoint's tokenizer, else 'byte'
   c.window = 0  # local window; 0 = the checkpoint's
   c.mode = "dense"  # memory mode of ppl/passkey/niah: dense or topk
   c.topk = 32
@@ -64,8 +64,11 @@ class Context:
     self.window = int(config.window or self.model.window or 0)
     if not self.window:
       raise ValueError(f"{checkpoint}: the checkpoint records no window; pass --eval.window")
-    spec = config.vocab or self.model.checkpoint.meta.get("vocab") or "byte"
-    self.vocab = vocab_lib.get_vocabulary(spec)
+    ck = self.model.checkpoint
+    spec = config.vocab or ck.meta.get("vocab") or ck.tokenizer_path or "byte"
+    # the dictionary task's ids as they are, for the task the dict settings describe
+    self.vocab = (vocab_lib.TokenVocab(dict_task(config).vocab_size) if spec == "dictionary_lookup"
+                  else vocab_lib.get_vocabulary(spec))
     self.vocab_spec = spec
     vocab_lib.check_fits(self.vocab.vocab_size, self.cfg.vocab_size)
 
