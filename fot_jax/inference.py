@@ -37,7 +37,7 @@ def forward_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk,
   return logits, aux["mem_kv"]
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=(0, 1, 2))  # in place: a copy per window made long inputs O(n^2)
 def _append(buf_k, buf_v, buf_m, k, v, m, at):
   return (jax.lax.dynamic_update_slice_in_dim(buf_k, k.astype(buf_k.dtype), at, axis=1),
           jax.lax.dynamic_update_slice_in_dim(buf_v, v.astype(buf_v.dtype), at, axis=1),

@@ -11,8 +11,15 @@ that window's tokens (layers below the only memory layer never see memory) and
 memory is a set (no position on memory keys), so the distractor windows are
 encoded once, shared by all rows and all memory sizes, and each row adds only
 the window that holds its own definitions (masking the shared copy of that
-window). `tests/test_dictionary_eval.py` checks this equals plain window-by-window
+window). `tests/test_dictionary.py` checks this equals plain window-by-window
 inference.
+
+Host retrieval (`retrieval='flat'|'ivf'`, with `fot_jax.eval.host_index`): the shared
+memory stays on the host in a faiss index per kv head; each query of the memory layer
+retrieves its top-k entries there (exact inner product for `flat`, inverted lists for
+`ivf`, the approximate top-k), the union of a row's retrieved entries goes to the device
+with the row's own window, and the exact top-k over them makes the attention. `flat` thus
+equals device `topk` (tested); `ivf` costs what its retrieval misses (measured: recall@k).
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import numpy as np
 from data_pipelines.dictionary_lookup import DictionaryTask
 from fot_jax.inference import MemoryInference, forward_window
 from fot_jax.model.config import ModelConfig
+from fot_jax.eval import host_index
 from fot_jax.model.memory import MemoryBlock
 
 
@@ -77,9 +85,15 @@ def _query_accuracy(task: DictionaryTask, logits_q: np.ndarray, docs: Sequence[d
 
 def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
              contexts: Sequence[int], mode: str = "topk", topk: int = 32, batch: int = 8,
-             chunk: int = 8192, log: Optional[Callable[[str], None]] = None, name: str = "") -> Dict[str, List]:
+             chunk: int = 8192, log: Optional[Callable[[str], None]] = None, name: str = "",
+             retrieval: Optional[str] = None, nprobe: int = 8) -> Dict[str, List]:
   """Accuracy against context size. Returns lists: memory_tokens (context M),
-  tokens_in_memory, accuracy, seconds."""
+  tokens_in_memory, accuracy, seconds; with host `retrieval` also recall (of the index's
+  top-k against the exact top-k, over a sample of queries; 1.0 for 'flat')."""
+  if retrieval is not None and retrieval not in host_index.KINDS:
+    raise ValueError(f"eval.retrieval: must be one of {host_index.KINDS} or None, got {retrieval!r}")
+  if retrieval:
+    mode = "topk"  # the device takes the exact top-k of what the host index retrieved
   task = evalset.task
   log = log or functools.partial(print, flush=True)
   if task.queries_len > window:
@@ -91,6 +105,8 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
   layer = mem_layers[0]
   n = len(evalset.docs)
   results = {"memory_tokens": [], "tokens_in_memory": [], "accuracy": [], "seconds": []}
+  if retrieval:
+    results["recall"] = []
   shared = None  # encoded pool, grown to the largest context needing memory
   for context in contexts:
     t0 = time.time()
@@ -113,9 +129,14 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
       in_memory = context
       if shared is None or shared[0].shape[1] < context:  # once, for the largest context
         largest = max(c for c in contexts if c + task.queries_len > window)
-        shared = _encode_windows(cfg, params, evalset.pool[:largest], window, layer, chunk)
+        shared = _encode_windows(cfg, params, evalset.pool[:largest], window, layer, chunk,
+                                 on_device=not retrieval)
       sk, sv = shared[0][:, :context], shared[1][:, :context]
       depths = evalset.depths(context)
+      index = None
+      if retrieval:
+        index = host_index.HostIndex(np.asarray(sk[0]), np.asarray(sv[0]), retrieval, nprobe)
+        recalls = []
       for s in range(0, n, batch):
         rows = list(range(s, min(n, s + batch)))
         own_w = [(depths[i] * task.defs_len) // window for i in rows]
@@ -123,13 +144,20 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
                                for i, w in zip(rows, own_w)])
         _, own_kv = forward_window(params, jnp.asarray(own_tokens), jnp.ones(own_tokens.shape, bool), None,
                             cfg, mode, topk, chunk, stop_after=layer)
-        mask = np.ones((len(rows), context), bool)
-        for r, w in enumerate(own_w):
-          mask[r, w * window:(w + 1) * window] = False
-        blocks = {layer: [MemoryBlock(sk, sv, jnp.asarray(mask)),
-                          MemoryBlock(own_kv[layer][0], own_kv[layer][1],
-                                      jnp.ones(own_tokens.shape, bool))]}
         queries = np.stack([evalset.docs[i]["tokens"][task.defs_len:] for i in rows])
+        own_block = MemoryBlock(own_kv[layer][0], own_kv[layer][1], jnp.ones(own_tokens.shape, bool))
+        if index is None:
+          mask = np.ones((len(rows), context), bool)
+          for r, w in enumerate(own_w):
+            mask[r, w * window:(w + 1) * window] = False
+          blocks = {layer: [MemoryBlock(sk, sv, jnp.asarray(mask)), own_block]}
+        else:  # each row's own window is left out of the shared index's answers
+          q = host_index.memory_queries(params, jnp.asarray(queries), cfg, layer)
+          exclude = [(w * window, (w + 1) * window) for w in own_w]
+          cand, recall = index.candidates(q, topk, exclude)
+          if recall is not None:
+            recalls.append(recall)
+          blocks = {layer: [cand, own_block]}
         logits, _ = forward_window(params, jnp.asarray(queries), jnp.ones(queries.shape, bool), blocks,
                             cfg, mode, topk, chunk)
         hits.append(_query_accuracy(task, np.asarray(logits), [evalset.docs[i] for i in rows]))
@@ -138,14 +166,20 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
     for key, val in (("memory_tokens", context), ("tokens_in_memory", in_memory), ("accuracy", acc),
                      ("seconds", dt)):
       results[key].append(val)
-    log(f"[{name}] dictionary: context {context:>9,} tokens ({in_memory:,} in memory): "
-        f"accuracy {acc:.3f} ({dt:.1f}s)")
+    note = ""
+    if retrieval:
+      rec = float(np.mean(recalls)) if in_memory and recalls else None
+      results["recall"].append(rec)
+      note = f", {retrieval} recall@{topk} {rec:.3f}" if rec is not None else ""
+    log(f"[{name}] dictionary ({retrieval or mode}): context {context:>9,} tokens ({in_memory:,} in memory): "
+        f"accuracy {acc:.3f}{note} ({dt:.1f}s)")
   return results
 
 
 def _encode_windows(cfg, params, tokens: np.ndarray, window: int, layer: int, chunk: int,
-                    windows_per_call: int = 64):
-  """Memory keys/values of `layer` for consecutive windows of `tokens`: [1, L, KV, D] each."""
+                    windows_per_call: int = 64, on_device: bool = True):
+  """Memory keys/values of `layer` for consecutive windows of `tokens`: [1, L, KV, D] each
+  (device arrays, or NumPy on the host when not on_device)."""
   n_win = len(tokens) // window
   wins = tokens[:n_win * window].reshape(n_win, window)
   ks, vs = [], []
@@ -158,7 +192,8 @@ def _encode_windows(cfg, params, tokens: np.ndarray, window: int, layer: int, ch
     take = min(windows_per_call, n_win - s)
     ks.append(np.asarray(kv[layer][0][:take]).reshape(1, take * window, *kv[layer][0].shape[2:]))
     vs.append(np.asarray(kv[layer][1][:take]).reshape(1, take * window, *kv[layer][1].shape[2:]))
-  return jnp.asarray(np.concatenate(ks, 1)), jnp.asarray(np.concatenate(vs, 1))
+  put = jnp.asarray if on_device else np.asarray
+  return put(np.concatenate(ks, 1)), put(np.concatenate(vs, 1))
 
 
 def evaluate_generic(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int, context: int,

@@ -65,6 +65,8 @@ class Attention(nn.Module):
       q = apply_rope(q, positions, cfg.rope_theta)
       k = apply_rope(k, positions, cfg.rope_theta)
     q = (q * scale).reshape(b, t, kv, g, d)
+    if memory_layer:  # read by host-side retrieval (fot_jax.eval.approx); a no-op unless collected
+      self.sow("intermediates", "mem_queries", q)
 
     causal = jnp.tril(jnp.ones((t, t), bool))
     local_mask = causal[None, None, None] & token_mask[:, None, None, None, :]
@@ -77,6 +79,8 @@ class Attention(nn.Module):
     elif memory_layer and memory:
       if mem_mode == "dense":
         extra = mem.dense_memory_partial(q, memory, mem_chunk)
+        if extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)
+          aux = _rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0))
       elif mem_mode == "topk":
         extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk)
       else:
@@ -133,11 +137,15 @@ class Attention(nn.Module):
     epos = jnp.broadcast_to(positive[..., None], (groups, rows, n, t)).reshape(b, n * t)
     part = mem.block_partial(mem.scores(q, ek), emask[:, None, None, None, :], ev,
                              positive=epos[:, None, None, None, :])
-    # r_d per query/head: positive mass over all extra mass; averaged over the
-    # valid queries of rows that have any extra context.
-    ratio = part.pos / jnp.maximum(part.l, 1e-30)  # [B, KV, G, T]
     qmask = token_mask[:, None, None, :] & jnp.any(emask, axis=1)[:, None, None, None]
-    ratio = jnp.where(qmask, ratio, 0.0)
-    heads = ratio.shape[1] * ratio.shape[2]
-    aux = {"rd_num": jnp.sum(ratio) / heads, "rd_den": jnp.sum(qmask[:, 0, 0, :]).astype(jnp.float32)}
-    return part, aux
+    return part, _rd_aux(part, qmask)
+
+
+def _rd_aux(part: mem.Partial, qmask):
+  """r_d per query/head: positive mass over all extra mass, summed over the valid queries
+  (qmask [B, 1 or KV, 1 or G, T]) of rows that have any extra context, averaged over heads."""
+  ratio = part.pos / jnp.maximum(part.l, 1e-30)  # [B, KV, G, T]
+  qmask = jnp.broadcast_to(qmask, ratio.shape)
+  ratio = jnp.where(qmask, ratio, 0.0)
+  heads = ratio.shape[1] * ratio.shape[2]
+  return {"rd_num": jnp.sum(ratio) / heads, "rd_den": jnp.sum(qmask[:, 0, 0, :]).astype(jnp.float32)}

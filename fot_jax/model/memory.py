@@ -31,11 +31,14 @@ class MemoryBlock(NamedTuple):
   """Keys/values in memory for one memory layer.
 
   keys/values: [Bm, M, KV, D] with Bm = batch or 1 (shared by all rows);
-  mask: [Bm or B, M] bool, True where an entry is live.
+  mask: [Bm or B, M] bool, True where an entry is live;
+  positive: optional [Bm or B, M] bool, entries of the query's own document (only to
+  measure r_d in dense mode; retrieval ignores it).
   """
   keys: jax.Array
   values: jax.Array
   mask: jax.Array
+  positive: Optional[jax.Array] = None
 
 
 def scores(q, k):
@@ -86,25 +89,31 @@ def _chunks(block: MemoryBlock, chunk: int):
     x = x.reshape((x.shape[0], n, chunk) + x.shape[2:])
     return jnp.moveaxis(x, 1, 0)
 
-  return split(block.keys), split(block.values), split(block.mask)
+  pos = None if block.positive is None else split(block.positive)
+  return split(block.keys), split(block.values), split(block.mask), pos
 
 
 def dense_memory_partial(q, blocks: Sequence[MemoryBlock], chunk: int) -> Optional[Partial]:
-  """Softmax partial over all live memory entries, streamed in chunks."""
+  """Softmax partial over all live memory entries, streamed in chunks; with `pos` (mass on
+  positive entries) when the blocks carry a positive mask."""
   total = None
+  want_pos = any(block.positive is not None for block in blocks)
   for block in blocks:
-    ks, vs, ms = _chunks(block, min(chunk, block.keys.shape[1]))
+    ks, vs, ms, ps = _chunks(block, min(chunk, block.keys.shape[1]))
+    if want_pos and ps is None:
+      ps = jnp.zeros_like(ms)
 
     def body(carry, xs):
-      k, v, mk = xs
-      part = block_partial(scores(q, k), mk[:, None, None, None, :], v)
+      k, v, mk, pk = xs
+      positive = None if pk is None else pk[:, None, None, None, :]
+      part = block_partial(scores(q, k), mk[:, None, None, None, :], v, positive)
       return merge(carry, part), None
 
     b, _, kv, g, d = q.shape
-    init = Partial(jnp.full((b, kv, g, q.shape[1]), NEG, jnp.float32),
-                   jnp.zeros((b, kv, g, q.shape[1]), jnp.float32),
-                   jnp.zeros((b, kv, g, q.shape[1], d), jnp.float32))
-    part, _ = jax.lax.scan(body, init, (ks, vs, ms))
+    zeros = jnp.zeros((b, kv, g, q.shape[1]), jnp.float32)
+    init = Partial(jnp.full((b, kv, g, q.shape[1]), NEG, jnp.float32), zeros,
+                   jnp.zeros((b, kv, g, q.shape[1], d), jnp.float32), zeros if want_pos else None)
+    part, _ = jax.lax.scan(body, init, (ks, vs, ms, ps))
     total = part if total is None else merge(total, part)
   return total
 
@@ -115,7 +124,7 @@ def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int) ->
   best_s = jnp.full((b, kv, g, t, k), NEG, jnp.float32)
   best_v = jnp.zeros((b, kv, g, t, k, d), jnp.float32)
   for block in blocks:
-    ks, vs, ms = _chunks(block, min(chunk, block.keys.shape[1]))
+    ks, vs, ms, _ = _chunks(block, min(chunk, block.keys.shape[1]))
 
     def body(carry, xs):
       bs, bv = carry

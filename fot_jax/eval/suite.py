@@ -1,0 +1,219 @@
+"""The evaluation suite behind `python -m fot_jax.evaluate`: each suite writes
+W/eval/<suite>.json and its PNG plot(s); `report.write_report` gathers them in W/eval/report.md.
+
+Suites: ppl (perplexity against memory, single_doc and multi_doc), rd (positive attention
+mass against documents in memory), passkey, niah (single and multi-needle), dict
+(dictionary lookup: dense, exact top-k and approximate top-k; host faiss memory past the
+device limit). Every suite is seeded by `seed` and prints its progress.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Dict, List
+
+import ml_collections
+import numpy as np
+
+SUITES = ("ppl", "rd", "passkey", "niah", "dict")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.task = "stdlib"  # held-out documents (ppl, rd) and the NIAH haystack; 'dictionary_lookup' for dict models
+  c.split = "validation"
+  c.vocab = ""  # 'byte', a SentencePiece path, 'dictionary_lookup'; '' = the checkpoint's tokenizer, else 'byte'
+  c.window = 0  # local window; 0 = the checkpoint's
+  c.mode = "dense"  # memory mode of ppl/passkey/niah: dense or topk
+  c.topk = 32
+  c.batch = 8
+  c.chunk = 8192
+  c.ppl = ml_collections.ConfigDict({
+      "memory_tokens": (0, 2048, 8192, 32768), "score_tokens": 512, "n_docs": 16,
+      "distractor_tokens": -1,  # multi_doc: earlier documents' tokens in memory; -1 = max(memory_tokens)
+      "doc_modes": ("single_doc", "multi_doc")})
+  c.rd = ml_collections.ConfigDict({"ds": (1, 2, 4, 8, 16, 32, 64), "context_windows": 1, "n_docs": 64,
+                                    "split": ""})  # '' = eval.split; stdlib's validation split has ~40 files
+  grid = {"lengths": (256, 512, 1024, 2048, 4096), "depths": (0.0, 0.25, 0.5, 0.75, 1.0), "trials": 4,
+          "threshold": 0.9}
+  c.passkey = ml_collections.ConfigDict(dict(grid))
+  c.niah = ml_collections.ConfigDict(dict(grid, n_needles=4, corpus_docs=200))
+  c.dict = ml_collections.ConfigDict({
+      # data_pipelines.dictionary_lookup.DictionaryTask (the demo's task by default)
+      "task": {"num_symbols": 256, "num_value_symbols": 256, "key_len": 2, "value_len": 2, "n_defs": 64,
+               "n_queries": 64, "layout": "kv"},
+      "memory_tokens": (256, 1024, 4096, 16384, 65536, 262144, 1048576), "n_docs": 8, "topk": 32,
+      "modes": ("dense", "topk", "ivf"),  # 'flat' = exact top-k from a host index
+      "nprobe": 8, "nlist": 0,  # IVF lists searched / total (0: 4 sqrt(M), at most 1024)
+      "device_max_tokens": 262144,  # beyond this, memory stays on the host (faiss): dense/topk skipped
+      "threshold": 0.5, "seed": 1234})
+  return c
+
+
+class Context:
+  """A loaded model and what every suite needs from it."""
+
+  def __init__(self, checkpoint: str, config: ml_collections.ConfigDict):
+    import fot_jax
+    from data_pipelines import vocab as vocab_lib
+    self.path, self.config = checkpoint, config
+    self.model = fot_jax.from_pretrained(checkpoint)
+    self.cfg, self.params = self.model.cfg, self.model.params
+    self.window = int(config.window or self.model.window or 0)
+    if not self.window:
+      raise ValueError(f"{checkpoint}: the checkpoint records no window; pass --eval.window")
+    ck = self.model.checkpoint
+    spec = config.vocab or ck.meta.get("vocab") or ck.tokenizer_path or "byte"
+    # the dictionary task's ids as they are, for the task the dict settings describe
+    self.vocab = (vocab_lib.TokenVocab(dict_task(config).vocab_size) if spec == "dictionary_lookup"
+                  else vocab_lib.get_vocabulary(spec))
+    self.vocab_spec = spec
+    vocab_lib.check_fits(self.vocab.vocab_size, self.cfg.vocab_size)
+
+  def inference(self, mode=None):
+    from fot_jax.inference import MemoryInference
+    c = self.config
+    return MemoryInference(self.cfg, self.params, self.window, mode or c.mode, c.topk, c.chunk)
+
+  def docs(self, need: int, n: int, wrap: bool = True, split: str = "") -> List[np.ndarray]:
+    """n held-out documents of at least `need` tokens (`bos doc eos` when wrap), in stored order."""
+    from data_pipelines import pipeline, vocab as vocab_lib
+    c = self.config
+    split = split or c.split
+    if c.task == "dictionary_lookup":  # the dict suite's task, documents straight from its generator
+      task = dict_task(c)
+      rng = np.random.default_rng([c.seed, 7])
+      return [task.document(rng)["tokens"].astype(np.int32) for _ in range(n)]
+    ids = vocab_lib.special_ids(self.vocab)
+    out = []
+    for doc in pipeline.document_tokens(c.task, self.vocab, split, seed=None, shuffle=False):
+      if wrap:
+        doc = np.concatenate([[ids["bos"]], doc, [ids["eos"]]])
+      if len(doc) >= need:
+        out.append(np.asarray(doc, np.int32))
+        if len(out) == n:
+          return out
+    raise ValueError(f"eval: task {c.task!r} split {split!r} has only {len(out)} documents of at least "
+                     f"{need} tokens, {n} are needed; lower the sizes or the document count")
+
+  def texts(self, n: int) -> List[str]:
+    from data_pipelines import tasks
+    import tensorflow as tf
+    c = self.config
+    provider = tasks.get_provider(c.task)
+    if tasks.TEXT not in provider.output_features:
+      raise ValueError(f"niah: task {c.task!r} holds token ids, not text; use a text task (eval.task=stdlib)")
+    ds = provider.get_dataset(sequence_length=None, split=c.split, shuffle=False, use_cached=False)
+    return [t.decode("utf-8", "replace") for t in
+            ds.map(lambda ex: ex[tasks.TEXT]).take(n).as_numpy_iterator()]
+
+
+def dict_task(c):
+  from data_pipelines.dictionary_lookup import DictionaryTask
+  task = DictionaryTask(**c.dict.task.to_dict())
+  task.validate()
+  return task
+
+
+def run_ppl(ctx: Context) -> Dict:
+  from fot_jax.eval import perplexity
+  p = ctx.config.ppl
+  mems = [int(m) for m in p.memory_tokens]
+  distract = int(p.distractor_tokens) if p.distractor_tokens >= 0 else max(mems)
+  docs = ctx.docs(perplexity.needed_length(mems, int(p.score_tokens)), int(p.n_docs))
+  out = {"n_docs": len(docs), "score_tokens": int(p.score_tokens)}
+  for doc_mode in p.doc_modes:
+    out[doc_mode] = perplexity.perplexity_vs_memory(ctx.inference(), docs, mems, int(p.score_tokens),
+                                                    ctx.config.batch, doc_mode, name=ctx.name,
+                                                    distractor_tokens=distract)
+  return out
+
+
+def run_rd(ctx: Context) -> Dict:
+  from fot_jax.eval.rd import positive_attention_mass
+  r = ctx.config.rd
+  need = (int(r.context_windows) + 1) * ctx.window
+  docs = ctx.docs(need, int(r.n_docs), wrap=ctx.config.task != "dictionary_lookup", split=r.split)
+  out = positive_attention_mass(ctx.cfg, ctx.params, docs, ctx.window, [int(d) for d in r.ds],
+                                int(r.context_windows), ctx.config.batch, name=ctx.name)
+  out["split"] = r.split or ctx.config.split
+  return out
+
+
+def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
+  from fot_jax.eval import retrieval
+  g = ctx.config[suite] if suite in ctx.config else ctx.config.niah
+  return retrieval.grid(retrieval.InferenceModel(ctx.inference()), ctx.vocab, make_prompt, list(g.lengths),
+                        retrieval.depth_list(g.depths), int(g.trials), int(ctx.config.seed), ctx.config.batch,
+                        float(g.threshold), ctx.name, suite)
+
+
+def run_passkey(ctx: Context) -> Dict:
+  from fot_jax.eval import passkey
+  return _grid(ctx, "passkey", passkey.make_prompt_fn(ctx.vocab))
+
+
+def run_niah(ctx: Context) -> Dict:
+  from fot_jax.eval import niah
+  hay = niah.Haystack(ctx.vocab, ctx.texts(int(ctx.config.niah.corpus_docs)))
+  out = {"haystack_tokens": int(len(hay.ids)), "task": ctx.config.task}
+  out["single"] = _grid(ctx, "niah", niah.make_prompt_fn(ctx.vocab, hay, 1))
+  out["multi"] = _grid(ctx, "niah_multi", niah.make_prompt_fn(ctx.vocab, hay, int(ctx.config.niah.n_needles)))
+  out["multi"]["n_needles"] = int(ctx.config.niah.n_needles)
+  return out
+
+
+def run_dict(ctx: Context) -> Dict:
+  from fot_jax.eval import dictionary
+  from fot_jax.eval.effective_length import effective_length
+  d = ctx.config.dict
+  task = dict_task(ctx.config)
+  mems = [int(m) for m in d.memory_tokens]
+  evalset = dictionary.DictionaryEvalSet(task, int(d.n_docs), max(mems), int(d.seed))
+  out = {"window": ctx.window, "topk": int(d.topk), "nprobe": int(d.nprobe),
+         "device_max_tokens": int(d.device_max_tokens), "threshold": float(d.threshold)}
+  for mode in d.modes:
+    host = mode in ("flat", "ivf")
+    sizes = mems if host else [m for m in mems if m <= d.device_max_tokens]
+    if len(sizes) < len(mems):
+      print(f"[{ctx.name}] dict {mode}: memory past {d.device_max_tokens:,} tokens is left to the host index",
+            flush=True)
+    res = dictionary.evaluate(ctx.cfg, ctx.params, evalset, ctx.window, sizes, "topk" if host else mode,
+                              int(d.topk), ctx.config.batch, ctx.config.chunk, name=ctx.name,
+                              retrieval=mode if host else None, nprobe=int(d.nprobe))
+    res["effective_length"] = effective_length(res["memory_tokens"], res["accuracy"], float(d.threshold))
+    out[mode] = res
+  return out
+
+
+RUNNERS = {"ppl": run_ppl, "rd": run_rd, "passkey": run_passkey, "niah": run_niah, "dict": run_dict}
+
+
+def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections.ConfigDict,
+        name: str = "") -> Dict[str, Dict]:
+  from fot_jax.eval import report
+  unknown = [s for s in suites if s not in RUNNERS]
+  if unknown:
+    raise ValueError(f"--suite: unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
+  ctx = Context(checkpoint, config)
+  ctx.name = name or os.path.basename(os.path.normpath(checkpoint))
+  out_dir = os.path.join(workdir, "eval")
+  os.makedirs(out_dir, exist_ok=True)
+  results = {}
+  for i, suite in enumerate(suites):
+    print(f"[{ctx.name}] suite {suite} ({i + 1}/{len(suites)})", flush=True)
+    t0 = time.time()
+    res = RUNNERS[suite](ctx)
+    res.update(suite=suite, checkpoint=os.path.abspath(checkpoint), name=ctx.name, seed=int(config.seed),
+               window=ctx.window, vocab=ctx.vocab_spec, seconds=time.time() - t0,
+               config={k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in config.items()
+                       if k not in SUITES or k == suite})
+    with open(os.path.join(out_dir, f"{suite}.json"), "w") as f:
+      json.dump(res, f, indent=1)
+    report.plot_suite(suite, {ctx.name: res}, out_dir)
+    results[suite] = res
+    print(f"[{ctx.name}] suite {suite} done in {res['seconds']:.0f}s -> {out_dir}/{suite}.json", flush=True)
+  report.write_report(workdir)
+  return results

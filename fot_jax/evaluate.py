@@ -1,0 +1,56 @@
+"""Evaluation suite entry point.
+
+  python -m fot_jax.evaluate --checkpoint PATH --suite=ppl,rd,passkey,niah,dict --workdir W \\
+      [--eval.ppl.memory_tokens='(0,2048)' --eval.task=stdlib ...]
+  python -m fot_jax.evaluate compare W1 W2 ... [--workdir OUT]
+
+PATH is an fot_jax checkpoint (a training arm's workdir, or what `convert import_hf`
+wrote) or a Hugging Face LLaMA directory. Each suite writes W/eval/<suite>.json and its
+PNG plot(s); W/eval/report.md gathers them. `compare` puts several workdirs' results in
+one table per suite and on shared plots (OUT/compare.md, default ./eval_compare).
+Settings and their defaults: fot_jax/eval/suite.py default_config().
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from fot_jax.eval import suite as suite_lib  # noqa: E402
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "fot_jax checkpoint or Hugging Face directory.")
+_SUITE = flags.DEFINE_string("suite", ",".join(suite_lib.SUITES), "Comma-separated suites: "
+                             + ", ".join(suite_lib.SUITES))
+_WORKDIR = flags.DEFINE_string("workdir", None, "Results go to WORKDIR/eval/ (compare: WORKDIR/compare.md).")
+_NAME = flags.DEFINE_string("name", None, "Run name in tables and plots (default: the checkpoint's folder).")
+_EVAL = config_flags.DEFINE_config_dict("eval", suite_lib.default_config(), "Suite settings.")
+
+
+def main(argv):
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
+  from fot_jax.convert.hf_files import ConvertError
+  from fot_jax.eval import report
+  args = argv[1:]
+  try:
+    if args and args[0] == "compare":
+      if len(args) < 2:
+        sys.exit("compare: give one or more workdirs: python -m fot_jax.evaluate compare W1 W2 ...")
+      report.compare(args[1:], _WORKDIR.value or "eval_compare")
+      return
+    if args:
+      sys.exit(f"fot_jax.evaluate: unexpected arguments {args}; the only command is `compare`")
+    if not _CHECKPOINT.value or not _WORKDIR.value:
+      sys.exit("fot_jax.evaluate: --checkpoint=PATH and --workdir=DIR are required")
+    suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
+    suite_lib.run(_CHECKPOINT.value, suites, _WORKDIR.value, _EVAL.value, _NAME.value)
+  except (ValueError, ConvertError) as e:
+    sys.exit(f"evaluate error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,91 @@
+"""The evaluation suite end to end on a tiny checkpoint: every suite writes its JSON and
+plot, report.md gathers them, `compare` puts two runs side by side (CLI)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from fot_jax.convert import checkpoint
+from fot_jax.eval import perplexity, report, suite
+from fot_jax.inference import MemoryInference
+from fot_jax.model.config import get_size
+from fot_jax.train import init_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tiny_run(tmp_path):
+  cfg = get_size("tiny", vocab_size=260)
+  ck = str(tmp_path / "ckpt")
+  checkpoint.save(ck, init_params(cfg, 0), cfg, 16)
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for i in range(5):
+    (corpus / f"f{i}.py").write_text(f"# file {i}\n" + "".join(f"x{i}_{j} = {j * i}\n" for j in range(40)))
+  c = suite.default_config()
+  c.task, c.split, c.vocab, c.batch = f"files:{corpus}/*.py", "train", "byte", 4
+  c.ppl.update(memory_tokens=(0, 32), score_tokens=16, n_docs=3)
+  c.rd.update(ds=(1, 2, 4), n_docs=4)
+  c.passkey.update(lengths=(300, 400), depths=(0.0, 1.0), trials=1)
+  c.niah.update(lengths=(64, 128), depths=(0.0, 1.0), trials=1, n_needles=2, corpus_docs=5)
+  c.dict.task.update(num_symbols=32, num_value_symbols=16, n_defs=8, n_queries=4)
+  c.dict.update(memory_tokens=(32, 128), n_docs=2, topk=4, modes=("dense", "topk", "flat", "ivf"),
+                device_max_tokens=32)
+  return ck, c
+
+
+def test_all_suites_report_and_compare(tmp_path):
+  ck, c = _tiny_run(tmp_path)
+  work = str(tmp_path / "w")
+  out = suite.run(ck, list(suite.SUITES), work, c, name="tiny")
+  files = set(os.listdir(os.path.join(work, "eval")))
+  for s in suite.SUITES:
+    assert f"{s}.json" in files and f"{s}.png" in files, s
+    with open(os.path.join(work, "eval", f"{s}.json")) as f:
+      saved = json.load(f)
+    assert saved["seed"] == 0 and saved["suite"] == s and saved["name"] == "tiny"
+  assert out["rd"]["r_d"][0] == 1.0 and len(out["rd"]["r_d"]) == 3
+  assert out["ppl"]["multi_doc"]["distractor_tokens"] == 32
+  assert np.shape(out["niah"]["multi"]["accuracy"]) == (2, 2)
+  # device modes stop at device_max_tokens; host modes go on
+  assert out["dict"]["dense"]["memory_tokens"] == [32] and out["dict"]["ivf"]["memory_tokens"] == [32, 128]
+  assert out["dict"]["flat"]["recall"][-1] == 1.0
+  text = open(os.path.join(work, "eval", "report.md")).read()
+  for s in suite.SUITES:
+    assert f"## {s}" in text and f"![{s}]({s}.png)" in text
+  # compare: the same run evaluated again with another seed, through the CLI
+  work2 = str(tmp_path / "w2")
+  c.seed = 1
+  suite.run(ck, ["rd", "passkey"], work2, c, name="tiny_seed1")
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  proc = subprocess.run([sys.executable, "-m", "fot_jax.evaluate", "compare", work, work2,
+                         f"--workdir={tmp_path / 'cmp'}"], capture_output=True, text=True, env=env, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  md = open(tmp_path / "cmp" / "compare.md").read()
+  assert "r_d tiny | r_d tiny_seed1" in md and "accuracy tiny | accuracy tiny_seed1" in md
+  assert os.path.isfile(tmp_path / "cmp" / "compare_rd.png")
+  proc = subprocess.run([sys.executable, "-m", "fot_jax.evaluate", "compare", str(tmp_path / "nothing")],
+                        capture_output=True, text=True, env=env, cwd=ROOT)
+  assert proc.returncode != 0 and "holds no eval/*.json" in proc.stderr
+
+
+def test_multi_doc_memory_holds_the_preceding_documents(tmp_path):
+  # multi_doc at memory M equals single_doc on the stream (preceding documents + own tokens)
+  # with distractor_tokens + M tokens of memory.
+  cfg = get_size("tiny", vocab_size=64)
+  infer = MemoryInference(cfg, init_params(cfg, 0), window=8, mode="dense")
+  rng = np.random.default_rng(0)
+  docs = [rng.integers(3, 64, n).astype(np.int32) for n in (40, 30, 50)]
+  got = perplexity.perplexity_vs_memory(infer, docs, [0, 16], 8, batch=3, doc_mode="multi_doc",
+                                        distractor_tokens=24)
+  for k, m in enumerate([0, 16]):
+    nll = []
+    for i, d in enumerate(docs):
+      prev = perplexity.preceding_documents(docs, i, 24)
+      stream = np.concatenate([prev, d[-(m + 9):]])[None]
+      nll.append(perplexity.span_nll(infer, stream, 24 + m, 8))
+    np.testing.assert_allclose(got["nll"][k], np.mean(nll), rtol=1e-5)
+  prev = perplexity.preceding_documents(docs, 0, 60)
+  np.testing.assert_array_equal(prev, np.concatenate([docs[2], docs[1]])[-60:])  # docs[1] nearest, last
