@@ -331,7 +331,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
       batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
       if "accuracy_mask" in batch:
         batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
-      if step == start:  # lets export_hf / from_pretrained read this workdir
+      if step == start and jax.process_index() == 0:  # lets export_hf / from_pretrained read this workdir
         from fot_jax.convert.checkpoint import write_model_json
         write_model_json(workdir, model_cfg, window=seq)
       sources, positive = stacked_plan(spec, global_rows, accum, groups)
