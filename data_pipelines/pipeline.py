@@ -8,7 +8,7 @@ host sees the same order and a resumed run can reopen any epoch at any document.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -45,6 +45,21 @@ def document_tokens(task: str, vocab: seqio.Vocabulary, split: str = "train", se
     ds = ds.map(lambda ex: tf.cast(vocab.encode_tf(ex[tasks.TEXT]), tf.int32),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.skip(skip).prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+
+
+def long_documents(task: str, vocab: seqio.Vocabulary, split: str, need: int, n: int,
+                   wrap: Optional[Tuple[int, int]] = None) -> List[np.ndarray]:
+  """Up to n documents of at least `need` tokens, in stored order (held-out evaluation);
+  wrap=(bos, eos) makes each `bos doc eos` before its length is counted."""
+  out = []
+  for doc in document_tokens(task, vocab, split, seed=None):
+    if wrap:
+      doc = np.concatenate([[wrap[0]], doc, [wrap[1]]])
+    if len(doc) >= need:
+      out.append(np.asarray(doc, np.int32))
+      if len(out) == n:
+        break
+  return out
 
 
 def lm_batches(task: str, vocab: seqio.Vocabulary, *, slots: int, windows: int, window: int, split: str = "train",

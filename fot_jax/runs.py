@@ -132,12 +132,8 @@ def lm_eval_docs(config, vocab, need: int):
   """Held-out documents (`bos doc eos`) of at least `need` tokens, in the task's stored order."""
   from data_pipelines import pipeline, vocab as vocab_lib
   ids = vocab_lib.special_ids(vocab)
-  docs = []
-  for doc in pipeline.document_tokens(config.data.eval_task, vocab, config.data.eval_split, seed=None):
-    if len(doc) + 2 >= need:
-      docs.append(np.concatenate([[ids["bos"]], doc, [ids["eos"]]]).astype(np.int32))
-      if len(docs) == config.eval.n_docs:
-        break
+  docs = pipeline.long_documents(config.data.eval_task, vocab, config.data.eval_split, need,
+                                 int(config.eval.n_docs), wrap=(ids["bos"], ids["eos"]))
   if not docs:
     raise SystemExit(f"eval: no document of {config.data.eval_task!r} split {config.data.eval_split!r} has "
                      f"{need} tokens (max eval.memory_tokens + eval.score_tokens + 1); lower them")

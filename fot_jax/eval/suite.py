@@ -87,14 +87,10 @@ class Context:
       rng = np.random.default_rng([c.seed, 7])
       return [task.document(rng)["tokens"].astype(np.int32) for _ in range(n)]
     ids = vocab_lib.special_ids(self.vocab)
-    out = []
-    for doc in pipeline.document_tokens(c.task, self.vocab, split, seed=None, shuffle=False):
-      if wrap:
-        doc = np.concatenate([[ids["bos"]], doc, [ids["eos"]]])
-      if len(doc) >= need:
-        out.append(np.asarray(doc, np.int32))
-        if len(out) == n:
-          return out
+    out = pipeline.long_documents(c.task, self.vocab, split, need, n,
+                                  wrap=(ids["bos"], ids["eos"]) if wrap else None)
+    if len(out) == n:
+      return out
     raise ValueError(f"eval: task {c.task!r} split {split!r} has only {len(out)} documents of at least "
                      f"{need} tokens, {n} are needed; lower the sizes or the document count")
 
