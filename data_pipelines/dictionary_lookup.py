@@ -78,6 +78,12 @@ class DictionaryTask:
       raise ValueError(f"data.num_symbols ** data.key_len = {self.num_symbols ** self.key_len} "
                        f"is too small for {self.n_defs} distinct keys")
 
+  def check_disjoint(self, n_docs: int, field: str = "slots"):
+    space = self.num_symbols ** self.key_len
+    if n_docs * self.n_defs > space:
+      raise ValueError(f"data: {n_docs} {field} x {self.n_defs} definitions need {n_docs * self.n_defs} distinct "
+                       f"keys, but num_symbols ** key_len = {space}; raise data.num_symbols or lower {field}")
+
   # -- generation ----------------------------------------------------------
   def key_codes(self, keys) -> np.ndarray:
     """Token keys [n, K] -> integer codes (base num_symbols)."""
@@ -136,10 +142,19 @@ class DictionaryTask:
       lm_mask[:self.defs_len] = closing.reshape(-1)
     return {"tokens": tokens, "value_mask": mask, "lm_mask": lm_mask, "keys": keys}
 
-  def batch(self, seed: int, step: int, n_docs: int, distinct=None):
-    """Deterministic documents for a training step: tokens, lm_mask, value_mask [n_docs, doc_len]."""
+  def batch(self, seed: int, step: int, n_docs: int, distinct=None, disjoint_keys: bool = False):
+    """Deterministic documents for a training step: tokens, lm_mask, value_mask [n_docs, doc_len].
+
+    disjoint_keys: no key is defined in two documents of the batch, so another document's
+    definitions never answer a query (crossbatch negatives are true negatives)."""
     rng = np.random.default_rng([seed, step])
-    docs = [self.document(rng, distinct=distinct) for _ in range(n_docs)]
+    if disjoint_keys:
+      self.check_disjoint(n_docs)
+    docs, used = [], np.zeros(0, np.int64)
+    for _ in range(n_docs):
+      docs.append(self.document(rng, exclude=used if disjoint_keys else None, distinct=distinct))
+      if disjoint_keys:
+        used = np.concatenate([used, self.key_codes(docs[-1]["keys"])])
     return (np.stack([d["tokens"] for d in docs]), np.stack([d["lm_mask"] for d in docs]),
             np.stack([d["value_mask"] for d in docs]))
 
@@ -177,11 +192,15 @@ class DictionaryBatches:
   """Training batches: each slot holds one whole document per step (k = doc_len / window)."""
 
   def __init__(self, task: DictionaryTask, slots: int, window: int, seed: int,
-               distinct_start: int = 0, distinct_every: int = 0):
+               distinct_start: int = 0, distinct_every: int = 0, disjoint_keys: bool = False):
     """distinct_start/every: difficulty curriculum; documents hold distinct_start distinct
-    definitions, doubling every distinct_every steps up to n_defs (0: off)."""
+    definitions, doubling every distinct_every steps up to n_defs (0: off). disjoint_keys:
+    no key shared between the documents of a batch (see DictionaryTask.batch)."""
     task.validate()
+    if disjoint_keys:
+      task.check_disjoint(slots)
     self.task, self.slots, self.window, self.seed = task, slots, window, seed
+    self.disjoint_keys = disjoint_keys
     self.distinct_start, self.distinct_every = distinct_start, distinct_every
     if task.doc_len % window:
       raise ValueError(f"data.window={window} must divide the document length {task.doc_len}")
@@ -196,7 +215,7 @@ class DictionaryBatches:
     return min(self.task.n_defs, self.distinct_start * 2 ** (step // max(self.distinct_every, 1)))
 
   def __call__(self, step: int):
-    tokens, lm_mask, vmask = self.task.batch(self.seed, step, self.slots, self.distinct(step))
+    tokens, lm_mask, vmask = self.task.batch(self.seed, step, self.slots, self.distinct(step), self.disjoint_keys)
     return to_windows(lm_example(tokens, lm_mask, vmask), self.window)
 
   def state_dict(self):  # stateless: batch n is a pure function of (seed, n)

@@ -66,9 +66,21 @@ def validate(config, check_data: bool = True) -> None:
     a = config[arm]
     if a.window <= 0 or task.doc_len % a.window:
       raise ValueError(f"{arm}.window={a.window} must divide the document length {task.doc_len}")
-    if a.slots <= 0 or a.steps < 0:
-      raise ValueError(f"{arm}.slots / {arm}.steps: must be positive, got {a.slots} / {a.steps}")
+    if a.slots <= 0:
+      raise ValueError(f"{arm}.slots: must be positive, got {a.slots}")
+  if config.fot.steps < 0:
+    raise ValueError(f"fot.steps: must not be negative, got {config.fot.steps}")
+  if config.fot.get("disjoint_keys"):
+    task.check_disjoint(config.fot.slots, "fot.slots")
   sched = Schedule(config.fot.curriculum)
+  known = {"dictionary", "copy"} if config.warmup.enabled else {"dictionary"}
+  bad = sorted({str(t) for t in sched.tasks() if t is not None and t not in known})
+  if bad:
+    raise ValueError(f"fot.curriculum: phase task(s) {bad} unknown; this experiment's tasks: {sorted(known)} "
+                     f"('copy' needs warmup.enabled)")
+  if config.warmup.enabled and (2 * config.fot.window) % config.baseline.window:
+    raise ValueError(f"baseline.window={config.baseline.window} must divide the copy warm-up's documents "
+                     f"(2 x fot.window = {2 * config.fot.window} tokens)")
   pack = task.doc_len // config.fot.window
   if sched.pack != pack:
     raise ValueError(f"fot.curriculum: pack size k={sched.pack} (w + 1) must equal the windows per "

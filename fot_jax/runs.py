@@ -8,6 +8,7 @@ import time
 import jax
 import numpy as np
 
+from data_pipelines.copy_task import CopyBatches, CopyTask
 from data_pipelines.dictionary_lookup import DictionaryBatches
 from fot_jax import configs
 from fot_jax.curriculum import Schedule
@@ -16,45 +17,100 @@ from fot_jax.inference import MemoryInference
 from fot_jax.train import train
 
 
-def _arm_train_cfg(config, arm):
+def _arm_train_cfg(config, arm, seed, steps):
   a = config[arm]
-  return {"steps": a.steps, "seed": config.seed, "loss_on": a.get("loss_on", "all"),
+  return {"steps": steps, "seed": seed, "loss_on": a.get("loss_on", "all"),
           "accum_steps": a.get("accum_steps", 1), "log_every": a.log_every,
           "checkpoint_every": a.checkpoint_every, "optim": config.optim.to_dict(),
           "mesh": config.get("mesh"), "crossbatch_scope": a.get("crossbatch_scope", "batch")}
 
 
+def _dictionary_feeds(config, task, arm, seed, schedule):
+  """The batch source(s) of an arm: {task name: batch function} for a curriculum over the copy
+  warm-up and the lookup, or the lookup's alone for a curriculum that names no task."""
+  a = config[arm]
+  lookup = DictionaryBatches(task, a.slots, a.window, seed, disjoint_keys=bool(config.fot.get("disjoint_keys")))
+  if schedule.tasks() == [None]:
+    return lookup
+  feeds = {"dictionary": lookup}
+  if config.warmup.enabled:
+    copy = CopyTask(span=config.fot.window, num_symbols=task.num_symbols + task.num_value_symbols)
+    feeds["copy"] = CopyBatches(copy, a.slots, a.window, seed)
+  return feeds
+
+
+def baseline_schedule(fot_phases, fot_steps: int) -> Schedule:
+  """The baseline's curriculum: FoT's phases as they ran (same tasks, same numbers of steps),
+  without crossbatch."""
+  if not fot_phases:  # a random curriculum has no phases: the same steps on the lookup
+    return Schedule({"kind": "constant", "spec": {}})
+  phases = [{"name": p["name"], "task": p["task"], "spec": {},
+             "steps": (p["end"] if p["end"] is not None else fot_steps) - p["start"]} for p in fot_phases]
+  return Schedule({"kind": "phases", "phases": [p for p in phases if p["steps"] > 0], "stop_after_last": True})
+
+
 def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
-  """Trains FoT and the baseline, evaluates both against memory size, writes results."""
+  """Trains FoT (per seed) and the baseline, evaluates accuracy against memory size and r_d
+  against d, writes results.json and dictionary_lookup.png."""
   t_start = time.time()
   cfg = configs.model_config(config)
   task = configs.dictionary_task(config)
-  arms = {"fot": (config.fot, Schedule(config.fot.curriculum))}
+  seeds = [int(config.seed)] + [int(s) for s in config.get("extra_seeds", ())]
+  trained, phases = {}, {}
+  for seed in seeds:
+    name = "fot" if seed == seeds[0] else f"fot_seed{seed}"
+    schedule = Schedule(config.fot.curriculum)
+    trained[name] = _train_arm(cfg, _arm_train_cfg(config, "fot", seed, config.fot.steps), name, schedule,
+                               _dictionary_feeds(config, task, "fot", seed, schedule), os.path.join(workdir, name),
+                               train)
+    phases[name] = trained[name]["phases"]
   if config.baseline.enabled:
-    arms["baseline"] = (config.baseline, Schedule({"kind": "constant", "spec": {}}))
-  trained = {}
-  for name, (arm, schedule) in arms.items():
-    batches = DictionaryBatches(task, arm.slots, arm.window, config.seed)
-    out = _train_arm(cfg, _arm_train_cfg(config, name), name, schedule, batches, os.path.join(workdir, name),
-                     train)
-    trained[name] = out
+    steps_run = trained["fot"]["steps_run"]
+    schedule = baseline_schedule(phases["fot"], steps_run)
+    trained["baseline"] = _train_arm(cfg, _arm_train_cfg(config, "baseline", seeds[0], steps_run), "baseline",
+                                     schedule, _dictionary_feeds(config, task, "baseline", seeds[0], schedule),
+                                     os.path.join(workdir, "baseline"), train)
+  windows = {name: (config.baseline.window if name == "baseline" else config.fot.window) for name in trained}
   evalset = dictionary.DictionaryEvalSet(task, config.eval.n_docs, max(config.eval.memory_tokens),
                                          config.eval.seed)
-  results = {"config": {"model": cfg.__dict__, "task": task.__dict__, "eval": config.eval.to_dict()}}
-  for name, (arm, _) in arms.items():
-    res = dictionary.evaluate(cfg, trained[name]["params"], evalset, arm.window, config.eval.memory_tokens,
+  results = {"config": {"model": cfg.__dict__, "task": task.__dict__, "eval": config.eval.to_dict(),
+                        "fot": config.fot.to_dict(), "seeds": seeds}}
+  for name, out in trained.items():
+    res = dictionary.evaluate(cfg, out["params"], evalset, windows[name], config.eval.memory_tokens,
                               config.eval.mode, config.eval.topk, config.eval.batch, config.eval.chunk,
                               name=name)
-    res["train_seconds"] = trained[name]["seconds"]
-    res["window"] = arm.window
-    res["final_train_accuracy"] = trained[name]["final_accuracy"]
-    if name == "fot":
-      res["curriculum_switched_at"] = arms["fot"][1].switched_at
+    res.update(train_seconds=out["seconds"], train_steps=out["steps_run"], window=windows[name],
+               final_train_accuracy=out["final_accuracy"], phases=out["phases"])
     results[name] = res
+  results["seeds"] = _seed_summary(results, seeds)
+  results["rd"] = _dictionary_rd(config, cfg, task, trained)
   results["wall_seconds"] = time.time() - t_start
   if jax.process_index() == 0:
-    _write_results(results, workdir, list(arms))
+    _write_results(results, workdir, [a for a in ("fot", "baseline") if a in results])
   return results
+
+
+def _seed_summary(results, seeds):
+  """Accuracy against memory over the FoT seeds: mean, min and max (the paper's error bars)."""
+  names = ["fot"] + [f"fot_seed{s}" for s in seeds[1:]]
+  acc = np.array([results[n]["accuracy"] for n in names])
+  return {"seeds": seeds, "memory_tokens": results["fot"]["memory_tokens"], "mean": acc.mean(0).tolist(),
+          "min": acc.min(0).tolist(), "max": acc.max(0).tolist()}
+
+
+def _dictionary_rd(config, cfg, task, trained):
+  """r_d against d for FoT and the baseline: each document's queries (one window of
+  task.defs_len tokens) with its own definitions and d - 1 other documents' in memory."""
+  from fot_jax.eval.rd import positive_attention_mass
+  ds = [int(d) for d in config.eval.rd_ds]
+  rng = np.random.default_rng([int(config.eval.seed), 5])
+  docs = [task.document(rng)["tokens"].astype(np.int32) for _ in range(max(ds))]
+  out = {}
+  for name in ("fot", "baseline"):
+    if name in trained:
+      out[name] = positive_attention_mass(cfg, trained[name]["params"], docs, task.queries_len, ds, 1,
+                                          int(config.eval.batch), name=name)
+  return out
 
 
 def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train):
@@ -67,16 +123,62 @@ def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train):
   out = train(cfg, tc, schedule, batches, workdir, name=name)
   hist = out["history"]
   out["final_accuracy"] = float(np.mean([h["accuracy"] for h in hist[-5:]])) if hist else None
+  out["steps_run"] = hist[-1]["step"] if hist else _checkpoint_step(workdir)
   return out
+
+
+def _checkpoint_step(workdir):
+  """The step of the latest checkpoint under workdir (a finished run resumed or re-evaluated)."""
+  ckpt = os.path.join(workdir, "checkpoints")
+  steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
+  return max(steps, default=0)
 
 
 def _write_results(results, workdir, arms):
   _save_and_tabulate(results, workdir, arms, "accuracy", "Dictionary lookup accuracy (all value tokens right)")
-  _plot(os.path.join(workdir, "dictionary_lookup.png"),
-        {f"{a} (window {results[a]['window']})": (results[a]["memory_tokens"], results[a]["accuracy"])
-         for a in arms},
-        "context tokens (memory + local)", "accuracy (all value tokens)", "Dictionary lookup with memory",
-        ylim=(-0.02, 1.02))
+  sd = results["seeds"]
+  print(f"FoT over seeds {sd['seeds']}: accuracy at {sd['memory_tokens'][-1]:,} tokens "
+        f"mean {sd['mean'][-1]:.3f}, min {sd['min'][-1]:.3f}, max {sd['max'][-1]:.3f}")
+  for name, rd in results["rd"].items():
+    print(f"{name} r_d: " + ", ".join(f"d={d} {r:.3f}" for d, r in zip(rd["d"], rd["r_d"])))
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("matplotlib missing: no plot written")
+    return
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+  xs = sd["memory_tokens"]
+  ax.plot(xs, sd["mean"], marker="o", color="C0", label=f"FoT (window {results['fot']['window']}), "
+          f"mean of {len(sd['seeds'])} seeds")
+  ax.fill_between(xs, sd["min"], sd["max"], color="C0", alpha=0.25, label="FoT min-max over seeds")
+  if "baseline" in arms:
+    b = results["baseline"]
+    ax.plot(b["memory_tokens"], b["accuracy"], marker="s", color="C3",
+            label=f"baseline (window {b['window']}, no crossbatch)")
+  ax.set_xscale("log", base=2)
+  ax.set_ylim(-0.02, 1.02)
+  ax.set_xlabel("context tokens (target's definitions among other dictionaries')")
+  ax.set_ylabel("accuracy (queries answered)")
+  ax.set_title(f"Dictionary lookup with memory (top-k {results['config']['eval']['topk']})")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  for i, (name, rd) in enumerate(results["rd"].items()):
+    bx.plot(rd["d"], rd["r_d"], marker="os"[i % 2], color=("C0", "C3")[i % 2], label=name)
+  if results["rd"]:
+    ds = next(iter(results["rd"].values()))["d"]
+    bx.plot(ds, [1 / d for d in ds], "k--", label="1/d (no preference)")
+  bx.set_xscale("log", base=2)
+  bx.set_yscale("log", base=2)
+  bx.set_xlabel("documents in memory (d)")
+  bx.set_ylabel("r_d: attention on own document / on memory")
+  bx.set_title("Positive attention mass (memory layer)")
+  bx.grid(alpha=0.3)
+  bx.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, "dictionary_lookup.png"), dpi=120)
+  plt.close(fig)
 
 
 def _save_and_tabulate(results, workdir, arms, metric, title):

@@ -6,7 +6,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import flax
 import flax.linen as nn
@@ -222,13 +222,38 @@ def params_from_checkpoint(path: str, model_cfg: ModelConfig):
   return params
 
 
-def _extra_state(schedule: Schedule, batch_fn) -> dict:
-  """JSON saved next to the train state: the curriculum's state and, when the batch source
-  keeps one (a resumable pipeline: `state_dict()` / `load_state_dict()`), its position."""
+def _batch_sources(schedule: Schedule, batch_fn) -> Dict[Optional[str], Callable]:
+  """{task name: batch function}: a mapping of the curriculum's tasks, or one function (task None)."""
+  if not isinstance(batch_fn, Mapping):
+    named = sorted(t for t in schedule.tasks() if t is not None)
+    if named:
+      raise ValueError(f"curriculum: phases name data tasks {named}; give train() a mapping of them to batch "
+                       f"functions")
+    return {None: batch_fn}
+  missing = sorted({str(t) for t in schedule.tasks() if t not in batch_fn})
+  if missing:
+    raise ValueError(f"curriculum: phase task(s) {missing} have no batch function; given: {sorted(batch_fn)}")
+  return dict(batch_fn)
+
+
+def _extra_state(schedule: Schedule, sources: Dict[Optional[str], Callable]) -> dict:
+  """JSON saved next to the train state: the curriculum's state and, for each batch source
+  that keeps one (a resumable pipeline: `state_dict()` / `load_state_dict()`), its position."""
   extra = {"schedule": schedule.state_dict()}
-  if hasattr(batch_fn, "load_state_dict"):
-    extra["data"] = batch_fn.state_dict()
+  data = {str(k): fn.state_dict() for k, fn in sources.items() if hasattr(fn, "load_state_dict")}
+  if None in sources and data:
+    extra["data"] = data["None"]  # one source: the layout checkpoints have always had
+  elif data:
+    extra["data_by_task"] = data
   return extra
+
+
+def _restore_data(extra: dict, sources: Dict[Optional[str], Callable]) -> None:
+  if None in sources and "data" in extra and hasattr(sources[None], "load_state_dict"):
+    sources[None].load_state_dict(extra["data"])  # the data pipeline's position
+  for k, state in extra.get("data_by_task", {}).items():
+    if k in sources and hasattr(sources[k], "load_state_dict"):
+      sources[k].load_state_dict(state)
 
 
 class Preempted(SystemExit):
@@ -263,9 +288,9 @@ class _PreemptionWatch:
       signal.signal(signal.SIGTERM, self.previous)
 
 
-def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Callable[[int], Dict[str, np.ndarray]],
-          workdir: str, name: str = "train", init_params_tree=None) -> Dict[str, Any]:
-  """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds'}.
+def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workdir: str, name: str = "train",
+          init_params_tree=None) -> Dict[str, Any]:
+  """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds', 'phases'}.
 
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
   checkpoint_every, optim (see make_optimizer), init_from (fot_jax checkpoint to start from;
@@ -275,7 +300,10 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
   rows on the same device).
   batch_fn(step) -> this host's rows: inputs/targets/loss_mask [B_host, T], in packs of
   schedule.pack; the global batch is the hosts' rows in process order. A batch_fn with
-  state_dict()/load_state_dict() has its state checkpointed and restored.
+  state_dict()/load_state_dict() has its state checkpointed and restored. When the
+  schedule's phases name data tasks, batch_fn is a mapping {task: batch function} and each
+  step draws from its phase's task; a schedule with `stop_after_last` ends the run (with a
+  checkpoint) when its last phase ends, before `steps`.
   A SIGTERM saves a checkpoint at the next step boundary and raises Preempted (exit 0);
   the same call resumes from it.
   """
@@ -283,6 +311,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
   accum = int(train_cfg.get("accum_steps", 1))
   pack = schedule.pack
   optimizer = make_optimizer(train_cfg["optim"])
+  feeds = _batch_sources(schedule, batch_fn)
   mesh_cfg = train_cfg.get("mesh")
   mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
   scope = train_cfg.get("crossbatch_scope", "batch")
@@ -302,8 +331,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
         state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()))
     state = restored["state"]
     schedule.load_state_dict(restored["extra"]["schedule"])
-    if hasattr(batch_fn, "load_state_dict") and "data" in restored["extra"]:
-      batch_fn.load_state_dict(restored["extra"]["data"])  # the data pipeline's position
+    _restore_data(restored["extra"], feeds)
     _print(f"[{name}] resumed from step {start}")
   else:
     state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree)
@@ -317,8 +345,10 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
   t0, tokens_seen = time.time(), 0
   try:
     for step in range(start, steps):
-      spec = schedule.spec(step)
-      batch = batch_fn(step)
+      if schedule.finished(step):
+        break
+      spec, phase = schedule.spec(step), schedule.phase_index(step)
+      batch = feeds[schedule.task(step)](step)
       rows, seq = batch["inputs"].shape
       if rows % pack:
         raise ValueError(f"batch: {rows} rows on this host are not whole packs of {pack}")
@@ -340,7 +370,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
       metrics = {k: float(v) for k, v in metrics.items()}
       schedule.observe(step, metrics)
       tokens_seen += global_rows * seq
-      record = dict(metrics, **{k: float(v) for k, v in spec.items() if k in ("d", "w")})
+      record = dict(metrics, phase=float(phase), **{k: float(v) for k, v in spec.items() if k in ("d", "w")})
       history.append({"step": step + 1, **record})
       if (step + 1) % log_every == 0 or step + 1 == steps:
         elapsed = time.time() - t0
@@ -348,12 +378,20 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
         eta = elapsed / (step + 1 - start) * (steps - step - 1)
         log.write(step + 1, dict(record, tokens_per_second=tps))
         rd = f" r_d {metrics['rd']:.3f}" if np.isfinite(metrics["rd"]) else ""
+        bound = " (at most: the curriculum may end sooner)" if schedule.stop_after_last else ""
+        where = f"{schedule.phase(step).get('name', f'phase {phase}')} " if len(schedule.phases) > 1 else ""
         _print(f"[{name}] step {step + 1}/{steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.3f}"
-               f"{rd} spec {spec} | {tps:,.0f} tok/s | ETA {eta:.0f}s")
+               f"{rd} {where}spec {spec} | {tps:,.0f} tok/s | ETA {eta:.0f}s{bound}")
+      if schedule.phase_index(step + 1) != phase and step + 1 < steps:
+        _print(f"[{name}] step {step + 1}: {schedule.phase(step + 1).get('name', 'next phase')} begins "
+               f"(task {schedule.task(step + 1)}, spec {schedule.spec(step + 1)})")
+      done = schedule.finished(step + 1)
+      if done:
+        _print(f"[{name}] the curriculum's last phase ended at step {step + 1}: training stops")
       preempted = watch.reached(step + 1)
-      if (ckpt_every and (step + 1) % ckpt_every == 0) or step + 1 == steps or preempted:
+      if (ckpt_every and (step + 1) % ckpt_every == 0) or step + 1 == steps or preempted or done:
         manager.save(step + 1, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(_extra_state(schedule, batch_fn))))
+            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(_extra_state(schedule, feeds))))
       if preempted and step + 1 < steps:
         manager.wait_until_finished()
         _print(f"[{name}] SIGTERM: saved step {step + 1}; the same command resumes from it")
@@ -362,7 +400,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn: Calla
     watch.close()
     manager.wait_until_finished()
     manager.close()
-  return {"params": state.params, "history": history, "steps": steps, "seconds": time.time() - t0}
+  return {"params": state.params, "history": history, "steps": steps, "seconds": time.time() - t0,
+          "phases": schedule.summary() if schedule.phases else []}
 
 
 def _print(msg: str) -> None:

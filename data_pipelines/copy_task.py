@@ -1,0 +1,74 @@
+"""Induction warm-up: copy a window of random tokens (FoT curriculum, before dictionary lookup).
+
+A document is `span` random symbols X followed by X again. Every token of the repeat
+is scored, so every scored token teaches the same two-step circuit that dictionary
+lookup needs (a previous-token head feeding a content match: "find where the current
+token occurred before, predict what followed it"). With `window == span` the first copy
+is the previous window of the slot, i.e. reachable only through the memory layer; a
+baseline with `window == 2 * span` learns the same copy inside its local window.
+
+Measured (issue 10): a 2-layer model of width 64 jumps from chance to > 95% copy
+accuracy within ~1,000 steps of 32-token spans (an induction phase change), after which
+dictionary lookup through memory is learned in a few hundred steps; dictionary lookup
+from scratch stays near chance for thousands of steps.
+
+Symbols default to the dictionary task's key and value ids, so the copy circuit is
+learned on the embeddings that dictionary lookup uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from data_pipelines.dictionary_lookup import NUM_SPECIAL, lm_example, to_windows
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyTask:
+  span: int = 32  # tokens copied (documents are 2 * span long)
+  num_symbols: int = 512  # symbols are ids symbol_offset .. symbol_offset + num_symbols - 1
+  symbol_offset: int = NUM_SPECIAL
+
+  @property
+  def doc_len(self) -> int:
+    return 2 * self.span
+
+  @property
+  def vocab_size(self) -> int:
+    return self.symbol_offset + self.num_symbols
+
+  def validate(self):
+    if self.span <= 0 or self.num_symbols < 2:
+      raise ValueError(f"copy task: span and num_symbols must be positive (num_symbols >= 2), "
+                       f"got span={self.span}, num_symbols={self.num_symbols}")
+
+  def batch(self, seed: int, step: int, n_docs: int):
+    """tokens and the scored mask (the repeat), [n_docs, doc_len]; a pure function of (seed, step)."""
+    rng = np.random.default_rng([seed, step, 7])  # 7: another stream than dictionary batches
+    first = rng.integers(0, self.num_symbols, (n_docs, self.span)).astype(np.int32) + self.symbol_offset
+    tokens = np.concatenate([first, first], axis=1)
+    scored = np.zeros(tokens.shape, bool)
+    scored[:, self.span:] = True
+    return tokens, scored
+
+
+class CopyBatches:
+  """Training batches of the copy task, one document per slot (k = doc_len / window rows)."""
+
+  def __init__(self, task: CopyTask, slots: int, window: int, seed: int):
+    task.validate()
+    if task.doc_len % window:
+      raise ValueError(f"copy task: window {window} must divide the document length {task.doc_len}")
+    self.task, self.slots, self.window, self.seed = task, slots, window, seed
+
+  @property
+  def pack(self) -> int:
+    return self.task.doc_len // self.window
+
+  def __call__(self, step: int):
+    tokens, scored = self.task.batch(self.seed, step, self.slots)
+    return to_windows(lm_example(tokens, scored, scored), self.window)
+
+  def state_dict(self):  # stateless: batch n is a pure function of (seed, n)
+    return {"seed": self.seed}
