@@ -72,3 +72,15 @@ class CopyBatches:
 
   def state_dict(self):  # stateless: batch n is a pure function of (seed, n)
     return {"seed": self.seed}
+
+
+# The text form, for language-model runs (registered as the SeqIO task 'copy_text'): random
+# characters, then the same characters again. Letters and digits, so the copy also covers
+# what passkey retrieval asks for.
+TEXT_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 "
+
+
+def copy_text_document(rng: np.random.Generator, min_span: int, max_span: int) -> str:
+  n = int(rng.integers(min_span, max_span + 1))
+  span = "".join(rng.choice(list(TEXT_ALPHABET), n))
+  return f"{span}\n{span}"

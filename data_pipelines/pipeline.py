@@ -92,11 +92,13 @@ def host_slots(global_slots: int, process_count: Optional[int] = None) -> int:
   return global_slots // n
 
 
-def lm_batches_from_config(config, split: Optional[str] = None, repeat: bool = True) -> SlotBatcher:
-  """The shared c.data fields: task, vocab, slots (global), windows_per_slot, window, min_doc_len."""
+def lm_batches_from_config(config, split: Optional[str] = None, repeat: bool = True,
+                           task: Optional[str] = None) -> SlotBatcher:
+  """The shared c.data fields: task (or `task`), vocab, slots (global), windows_per_slot, window,
+  min_doc_len."""
   d = config.data
   vocab = vocab_lib.get_vocabulary(d.vocab)
-  batcher = lm_batches(d.task, vocab, slots=host_slots(int(d.slots)), windows=int(d.windows_per_slot),
+  batcher = lm_batches(task or d.task, vocab, slots=host_slots(int(d.slots)), windows=int(d.windows_per_slot),
                        window=int(d.window), split=split or d.get("split", "train"), seed=int(config.seed),
                        min_doc_len=int(d.get("min_doc_len", 1)), max_doc_len=int(d.get("max_doc_len", 0)),
                        repeat=repeat)

@@ -11,11 +11,13 @@ Registered on import:
   pg19, c4           TFDS sources as they are (the user's downloaded TFDS data)
   dictionary_lookup  synthetic dictionary documents (data_pipelines.dictionary_lookup)
   passkey            synthetic passkey documents (data_pipelines.passkey)
+  copy_text          the induction warm-up as text: random characters, then the same again
+                     (data_pipelines.copy_task; spans of 64 to 256 characters)
 Names resolved on first use:
   tfds:NAME          any TFDS text dataset with a `text` field (register_tfds_task for others)
   files:PATTERN      a directory or glob of text files, one document per file (.gz accepted)
   jsonl:PATTERN      JSON-lines files, one document per line's `text` field (.gz accepted)
-Mixtures: `register_mixture(name, {task: rate})`; `register_longllama_mixture` reproduces
+Mixtures: `register_mixture(name, {task: rate})` (registered: stdlib_copy = stdlib 0.8 + copy_text 0.2); `register_longllama_mixture` reproduces
 LongLLaMA's proportions over whichever of its sources the user has registered.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from data_pipelines import passkey, sources
+from data_pipelines import copy_task, passkey, sources
 from data_pipelines.dictionary_lookup import DictionaryTask
 
 TEXT, TOKENS = "text", "tokens"
@@ -141,6 +143,14 @@ def register_passkey_task(name: str = "passkey", filler_repeats: int = 200, docs
   return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
 
 
+def register_copy_text_task(name: str = "copy_text", min_span: int = 64, max_span: int = 256,
+                            docs_per_epoch: int = 10000):
+  def make_texts(split, seed):
+    rng = np.random.default_rng((0 if seed is None else int(seed)) + (10**6 if split == "validation" else 0))
+    return (copy_task.copy_text_document(rng, min_span, max_span) for _ in range(docs_per_epoch))
+  return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
+
+
 def register_mixture(name: str, rates: Dict[str, float]):
   if name in seqio.MixtureRegistry.names():
     seqio.MixtureRegistry.remove(name)
@@ -204,3 +214,7 @@ register_tfds_task("pg19", "pg19:0.1.1", text_key="book_text")
 register_tfds_task("c4", "c4/en:3.1.0")
 register_dictionary_task()
 register_passkey_task()
+register_copy_text_task()
+# The stdlib corpus with a share of copy documents: keeps the copy circuit in use while the
+# model learns the language (experiments/stdlib_lm_tiny.py).
+register_mixture("stdlib_copy", {"stdlib": 0.8, "copy_text": 0.2})

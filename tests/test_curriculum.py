@@ -192,3 +192,84 @@ def test_same_pack_size_in_both_notations_is_accepted():
 def test_unknown_kind_is_rejected():
   with pytest.raises(ValueError, match="kind"):
     Schedule({"kind": "cosine"})
+
+
+# -- phases: a curriculum over data tasks (copy warm-up -> lookup at d=1 -> negatives) --
+def _phases_cfg(**kw):
+  cfg = {"kind": "phases", "stop_after_last": True, "phases": [
+      {"name": "copy", "task": "copy", "spec": D1, "metric": "accuracy", "threshold": 0.9, "window": 2,
+       "max_steps": 10},
+      {"name": "lookup", "task": "dictionary", "spec": D1, "metric": "accuracy", "threshold": 0.9, "window": 2},
+      {"name": "negatives", "task": "dictionary", "spec": D64, "steps": 3}]}
+  cfg.update(kw)
+  return cfg
+
+
+def _feed_phases(sched, start, values):
+  used = []
+  for i, v in enumerate(values):
+    step = start + i
+    if sched.finished(step):
+      break
+    used.append((sched.task(step), sched.spec(step)["d"]))
+    sched.observe(step, {"accuracy": v})
+  return used
+
+
+def test_phases_switch_task_and_spec_on_thresholds_then_stop():
+  sched = Schedule(_phases_cfg())
+  assert sched.tasks() == ["copy", "dictionary", "dictionary"] and sched.pack == 2
+  used = _feed_phases(sched, 0, [0.1, 0.95, 0.95, 0.5, 0.92, 0.93, 0.0, 0.0, 0.0, 0.0, 0.0])
+  # copy: average over 2 reaches 0.9 after step 2; lookup from step 3, reached after step 5;
+  # negatives for 3 steps (6, 7, 8), then the run stops before step 9.
+  assert used == [("copy", 1)] * 3 + [("dictionary", 1)] * 3 + [("dictionary", 64)] * 3
+  assert sched.starts == [0, 3, 6] and sched.finished_at == 9
+  assert sched.finished(9) and not sched.finished(8)
+  assert [(p["name"], p["start"], p["end"]) for p in sched.summary()] == [
+      ("copy", 0, 3), ("lookup", 3, 6), ("negatives", 6, 9)]
+  # Past steps keep the phase they trained in.
+  assert sched.task(2) == "copy" and sched.spec(5)["d"] == 1 and sched.spec(6)["d"] == 64
+  # Each task's batches are numbered in order: the dictionary's stream starts at step 3.
+  assert [sched.task_step(s) for s in range(9)] == [0, 1, 2, 0, 1, 2, 3, 4, 5]
+
+
+def test_phases_max_steps_forces_the_switch_and_history_restarts():
+  sched = Schedule(_phases_cfg())
+  used = _feed_phases(sched, 0, [0.0] * 9 + [0.95] + [0.95])
+  # copy never reaches 0.9 on average: max_steps ends it after 10 steps; the lookup phase's
+  # moving average starts afresh (the 0.95 of step 9 belongs to copy's window).
+  assert used[:10] == [("copy", 1)] * 10 and used[10] == ("dictionary", 1)
+  assert sched.starts == [0, 10]
+  sched.observe(11, {"accuracy": 0.95})
+  assert sched.starts == [0, 10, 12]
+
+
+def test_phases_state_round_trip_resumes_mid_phase():
+  values = [0.1, 0.95, 0.95, 0.5, 0.92, 0.93, 0.0, 0.0, 0.0]
+  full = Schedule(_phases_cfg())
+  used_full = _feed_phases(full, 0, values)
+  first = Schedule(_phases_cfg())
+  used_first = _feed_phases(first, 0, values[:4])
+  resumed = Schedule(_phases_cfg())
+  resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+  assert used_first + _feed_phases(resumed, 4, values[4:]) == used_full
+  assert resumed.state_dict() == full.state_dict()
+
+
+def test_fixed_length_phases_match_stages_without_observing():
+  sched = Schedule({"kind": "phases", "phases": [{"spec": D1, "steps": 5}, {"spec": D2, "steps": 5},
+                                                 {"spec": D64}]})
+  assert [sched.spec(s)["d"] for s in (0, 4, 5, 9, 10, 10 ** 6)] == [1, 1, 2, 2, 64, 64]
+  assert sched.task_step(12) == 12  # one (unnamed) task: its stream is the steps themselves
+  assert not sched.finished(10 ** 6)
+
+
+@pytest.mark.parametrize("phases,message", [
+    ([], "at least one phase"),
+    ([{"spec": D1, "steps": 3, "threshold": 0.5}], "either 'steps'"),
+    ([{"spec": D1, "step": 3}], "unknown field"),
+    ([{"spec": D1, "steps": 0}], "steps"),
+])
+def test_phases_validation_names_the_field(phases, message):
+  with pytest.raises(ValueError, match=message):
+    Schedule({"kind": "phases", "phases": phases})

@@ -14,25 +14,37 @@ def test_dictionary_job_writes_results_and_plot(tmp_path):
   configs.validate(config)
   results = runs.run_dictionary_lookup(config, str(tmp_path))
   saved = json.loads((tmp_path / "results.json").read_text())
-  for arm in ("fot", "baseline"):
+  for arm in ("fot", "fot_seed1", "baseline"):
     assert saved[arm]["memory_tokens"] == [256, 1024, 2048]
     assert len(saved[arm]["accuracy"]) == 3
     assert all(0.0 <= a <= 1.0 for a in saved[arm]["accuracy"])
   assert saved["fot"]["tokens_in_memory"] == [256, 1024, 2048]
-  assert saved["baseline"]["tokens_in_memory"] == [0, 1024, 2048]  # 256 + queries fit its window
-  assert saved["fot"]["curriculum_switched_at"] == 2  # max_step forces the switch
+  assert saved["baseline"]["tokens_in_memory"] == [256, 1024, 2048]
+  # The curriculum: copy and lookup end at max_steps (2 each), negatives run 2 steps, then stop.
+  assert [(p["name"], p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
+      ("copy", "copy", 0, 2), ("lookup", "dictionary", 2, 4), ("negatives", "dictionary", 4, 6)]
+  assert saved["fot"]["train_steps"] == 6 < config.fot.steps
+  # The baseline trains on the same tasks for the same steps, without crossbatch.
+  assert [(p["task"], p["spec"], p["start"], p["end"]) for p in saved["baseline"]["phases"]] == [
+      ("copy", {}, 0, 2), ("dictionary", {}, 2, 4), ("dictionary", {}, 4, 6)]
+  assert saved["seeds"]["seeds"] == [0, 1] and len(saved["seeds"]["min"]) == 3
+  assert saved["rd"]["fot"]["d"] == [1, 2, 4] and saved["rd"]["fot"]["r_d"][0] == pytest.approx(1.0)
   assert (tmp_path / "dictionary_lookup.png").stat().st_size > 1000
   assert (tmp_path / "fot" / "metrics.jsonl").exists()
-  # Running again resumes from the checkpoints instead of training again.
+  # Running again resumes from the checkpoints (finished curricula) instead of training again.
   again = runs.run_dictionary_lookup(config, str(tmp_path))
   assert again["fot"]["accuracy"] == results["fot"]["accuracy"]
+  assert again["fot"]["train_steps"] == 6 and again["fot"]["phases"] == saved["fot"]["phases"]
 
 
 @pytest.mark.parametrize("field,value,message", [
     ("fot.window", 200, "fot.window"),
     ("eval.memory_tokens", (300,), "eval.memory_tokens"),
-    ("fot.curriculum.after", {"d": 64, "w": 1}, "crossbatch.d"),
-    ("fot.curriculum.before", {"d": 1, "w": 3}, "pack size"),
+    ("fot.slots", 17, "distinct keys"),
+    ("fot.curriculum.phases", [{"task": "dictionary", "spec": {"d": 64, "w": 1}}], "crossbatch.d"),
+    ("fot.curriculum.phases", [{"task": "dictionary", "spec": {"d": 1, "w": 3}}], "pack size"),
+    ("fot.curriculum.phases", [{"task": "books", "spec": {"d": 1, "w": 1}}], "books"),
+    ("baseline.window", 48, "baseline.window"),
     ("model.overrides.vocab_size", 100, "vocab_size"),
     ("model.size", "huge", "model.size"),
     ("optim.lr", -1.0, "optim.lr"),

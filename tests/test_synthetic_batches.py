@@ -1,0 +1,49 @@
+"""The synthetic training tasks of the demo's curriculum: the copy warm-up and dictionary
+batches whose documents share no key (so crossbatch negatives are true negatives)."""
+import numpy as np
+import pytest
+
+from data_pipelines.copy_task import CopyBatches, CopyTask
+from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
+
+
+def test_copy_batches_repeat_the_previous_window_and_score_the_repeat():
+  task = CopyTask(span=8, num_symbols=20, symbol_offset=8)
+  batch = CopyBatches(task, slots=3, window=8, seed=0)(5)
+  assert batch["inputs"].shape == (6, 8)  # 3 slots x 2 windows
+  first, second = batch["inputs"][0::2], batch["inputs"][1::2]
+  np.testing.assert_array_equal(first, second)
+  assert batch["inputs"].min() >= 8 and batch["inputs"].max() < 28
+  # Within the repeat, every position predicts the next copied token, scored; the last
+  # position of the document predicts EOS (unscored); the first window is not scored.
+  assert not batch["loss_mask"][0::2, :-1].any() and batch["loss_mask"][0::2, -1].all()
+  assert batch["loss_mask"][1::2, :-1].all() and not batch["loss_mask"][1::2, -1].any()
+  np.testing.assert_array_equal(batch["targets"][1::2, :-1], second[:, 1:])
+  np.testing.assert_array_equal(batch["accuracy_mask"], batch["loss_mask"])
+  # Deterministic per (seed, step); other steps and seeds differ.
+  again = CopyBatches(task, 3, 8, 0)
+  np.testing.assert_array_equal(again(5)["inputs"], batch["inputs"])
+  assert not np.array_equal(again(6)["inputs"], batch["inputs"])
+  # A window of the whole document (the baseline) holds both copies.
+  whole = CopyBatches(task, 3, 16, 0)(5)
+  np.testing.assert_array_equal(whole["inputs"][:, :8], whole["inputs"][:, 8:])
+  with pytest.raises(ValueError, match="window"):
+    CopyBatches(task, 3, 5, 0)
+
+
+def test_dictionary_batches_with_disjoint_keys():
+  task = DictionaryTask(num_symbols=64, num_value_symbols=16, key_len=1, value_len=1, n_defs=16, n_queries=16)
+  shared = 0
+  for step in range(3):
+    tokens, _, _ = task.batch(0, step, 4, disjoint_keys=True)
+    keys = [set(doc[:task.defs_len:2].tolist()) for doc in tokens]
+    assert all(len(k) == 16 for k in keys)
+    assert len(set().union(*keys)) == 64, "4 documents x 16 keys use all 64 key symbols exactly once"
+    tokens, _, _ = task.batch(0, step, 4)
+    keys = [set(doc[:task.defs_len:2].tolist()) for doc in tokens]
+    shared += 64 - len(set().union(*keys))
+  assert shared > 0, "without the option, documents do share keys (the check above is not vacuous)"
+  batches = DictionaryBatches(task, 4, 32, 0, disjoint_keys=True)
+  assert batches(0)["inputs"].shape == (8, 32)
+  with pytest.raises(ValueError, match="distinct keys"):
+    DictionaryBatches(task, 5, 32, 0, disjoint_keys=True)
