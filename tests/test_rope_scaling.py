@@ -11,14 +11,12 @@ import pytest
 from transformers import LlamaForCausalLM
 
 import fot_jax
-from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
 from fot_jax.convert import ConvertError, import_hf
 from fot_jax.convert.checkpoint import load
 from fot_jax.convert.mapping import model_config_from_hf
-from fot_jax.curriculum import Schedule
+from fot_jax.convert.torch_reference import TorchMemoryLlama
 from fot_jax.model import rope
 from fot_jax.model.config import ModelConfig
-from fot_jax.train import train
 from tests.hf_models import VOCAB, make_hf, torch_logits
 
 ORIG, LONG, SHORT = 16, 40, 12
@@ -40,22 +38,28 @@ def _max_diff(a, b):
   return float(np.abs(np.asarray(a) - np.asarray(b)).max())
 
 
+@pytest.fixture(scope="module")
+def plain_logits(tmp_path_factory):
+  """transformers' plain-RoPE logits of the one-layer model every variant test builds (same seed)."""
+  hf = make_hf(tmp_path_factory.mktemp("plain"), layers=1)
+  return {n: torch_logits(hf, TOKENS[:, :n]) for n in (SHORT, LONG)}
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_variant_imports_and_exports_like_transformers(tmp_path, name):
+def test_variant_imports_and_exports_like_transformers(tmp_path, name, plain_logits):
   scaling, mpe = VARIANTS[name]
-  hf = make_hf(tmp_path / "hf", rope_scaling=dict(scaling), max_position_embeddings=mpe)
+  hf = make_hf(tmp_path / "hf", layers=1, rope_scaling=dict(scaling), max_position_embeddings=mpe)
   lengths = (SHORT, LONG) if name == "dynamic" else (LONG,)
   refs = {n: torch_logits(hf, TOKENS[:, :n]) for n in lengths}  # transformers' dynamic NTK grows: short first
-  model = fot_jax.from_pretrained(str(tmp_path / "hf"), mem_layers=(1,))
+  model = fot_jax.from_pretrained(str(tmp_path / "hf"))
   assert model.cfg.rope_type == scaling["rope_type"]
   ours = {n: model.logits(TOKENS[:, :n]) for n in lengths}
   for n in lengths:
     assert _max_diff(ours[n], refs[n]) <= 1e-4, n
   # the scaling matters at this length: plain RoPE gives other logits
-  plain = fot_jax.from_pretrained(str(tmp_path / "hf"), rope_scaling=())
-  assert _max_diff(plain.logits(TOKENS), refs[LONG]) > 1e-2
+  assert _max_diff(plain_logits[LONG], refs[LONG]) > 1e-2
   if name == "dynamic":  # below the original length dynamic NTK is plain RoPE
-    assert _max_diff(plain.logits(TOKENS[:, :SHORT]), refs[SHORT]) <= 1e-4
+    assert _max_diff(plain_logits[SHORT], refs[SHORT]) <= 1e-4
   # export -> transformers reproduces fot_jax; re-import gives the same config
   model.save_hf(str(tmp_path / "out"))
   config = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -70,8 +74,8 @@ def test_variant_imports_and_exports_like_transformers(tmp_path, name):
 def test_frozen_ntk_is_plain_rope_with_the_raised_base(tmp_path):
   """'ntk' (not a transformers rope_type) equals transformers' plain RoPE with base theta*s^(d/(d-2))."""
   d, s = 8, 4.0  # head_dim of the tiny model
-  hf = make_hf(tmp_path / "hf", rope_theta=5000.0 * s ** (d / (d - 2)))
-  make_hf(tmp_path / "base")  # same weights, base 5000
+  hf = make_hf(tmp_path / "hf", layers=1, rope_theta=5000.0 * s ** (d / (d - 2)))
+  make_hf(tmp_path / "base", layers=1)  # same weights, base 5000
   model = fot_jax.from_pretrained(str(tmp_path / "base"), rope_scaling={"rope_type": "ntk", "factor": s})
   ref = torch_logits(hf, TOKENS)
   assert _max_diff(model.logits(TOKENS), ref) <= 1e-4
@@ -149,25 +153,25 @@ def test_memory_key_at_position_zero_is_a_local_key_at_zero(name):
     assert rope.position_zero_scale(cfg) > 1.0
 
 
-def test_llama3_checkpoint_imports_trains_and_exports(tmp_path):
-  """Llama-3-style import -> a few FoT training steps -> the run's workdir exports with its scaling,
-  and transformers reproduces the trained model past the original length."""
+@pytest.mark.parametrize("name", ["yarn", "dynamic"])
+def test_memory_inference_matches_the_torch_reference(tmp_path, name):
+  """Windows of 24 (> original 16) with memory: fot_jax equals the PyTorch reference, whose RoPE is
+  transformers' own (YaRN: memory keys at position 0 carry the attention factor; dynamic NTK:
+  scaled for the window length)."""
+  scaling, mpe = VARIANTS[name]
+  make_hf(tmp_path / "hf", rope_scaling=dict(scaling), max_position_embeddings=mpe)
+  model = fot_jax.from_pretrained(str(tmp_path / "hf"), mem_layers=(1,))
+  model.save_hf(str(tmp_path / "out"), window=24)
+  ref = TorchMemoryLlama(str(tmp_path / "out"))
+  assert ref.window == 24
+  ours = model.logits_with_memory(TOKENS, window=24)
+  assert _max_diff(ref.logits_with_memory(TOKENS), ours) <= 1e-4
+
+
+def test_scaling_survives_the_fot_jax_checkpoint(tmp_path):
+  """import_hf -> fot_jax_model.json (what init_from and a training workdir write) -> the same
+  config; training itself is untouched by the scaling (test_convert_memory trains from an import)."""
   scaling, mpe = VARIANTS["llama3"]
   make_hf(tmp_path / "hf", rope_scaling=dict(scaling), max_position_embeddings=mpe)
-  ck = str(tmp_path / "ck")
-  cfg = import_hf(str(tmp_path / "hf"), ck, mem_layers=(1,)).cfg
-  assert load(ck).cfg == cfg and cfg.rope_type == "llama3"
-  task = DictionaryTask(num_symbols=16, num_value_symbols=12, key_len=1, value_len=1, n_defs=4, n_queries=4)
-  batch = DictionaryBatches(task, slots=2, window=8, seed=0)(0)
-  run = {"steps": 3, "seed": 0, "loss_on": "last", "log_every": 100, "init_from": ck,
-         "optim": {"lr": 1e-2, "warmup_steps": 0}}
-  out = train(cfg, run, Schedule({"kind": "constant", "spec": {"d": 2, "w": 1}}), lambda step: batch,
-              str(tmp_path / "run"))
-  losses = [h["loss"] for h in out["history"]]
-  assert losses[-1] < losses[0]
-  trained = fot_jax.from_pretrained(str(tmp_path / "run"))
-  assert trained.cfg == cfg
-  trained.save_hf(str(tmp_path / "out"))
-  back = LlamaForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-  assert back.config.rope_parameters["rope_type"] == "llama3"
-  assert _max_diff(torch_logits(back, TOKENS), trained.logits(TOKENS)) <= 1e-4
+  cfg = import_hf(str(tmp_path / "hf"), str(tmp_path / "ck"), mem_layers=(1,)).cfg
+  assert cfg.rope_type == "llama3" and load(str(tmp_path / "ck")).cfg == cfg
