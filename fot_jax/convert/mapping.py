@@ -248,4 +248,5 @@ def model_config_dict(cfg: ModelConfig) -> dict:
   d = dataclasses.asdict(cfg)
   d["mem_layers"] = list(cfg.mem_layers)
   d["rope_scaling"] = dict(cfg.rope_scaling)
+  d["position_strategy"] = dict(cfg.position_strategy)
   return d

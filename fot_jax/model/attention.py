@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from fot_jax.model import memory as mem
+from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.rope import apply_rope, rope_at_position_zero
 
@@ -60,7 +61,7 @@ class Attention(nn.Module):
                               (h,), jnp.float32)
     # Memory keys: 'first' rotates them as if at position 0, which is the identity (times
     # YaRN's attention factor, as for a local key at 0); 'none' uses no rotation at all.
-    k_mem = k
+    k_mem, q_pre, k_pre = k, q, k  # before RoPE: a position strategy rotates them itself
     if not (memory_layer and cfg.mem_positions == "none"):
       k_mem = rope_at_position_zero(k, cfg)
       q = apply_rope(q, positions, cfg)
@@ -71,7 +72,11 @@ class Attention(nn.Module):
 
     causal = jnp.tril(jnp.ones((t, t), bool))
     local_mask = causal[None, None, None] & token_mask[:, None, None, None, :]
-    local = mem.block_partial(mem.scores(q, k), local_mask, v)
+    local_scores = mem.scores(q, k)
+    if cfg.position_strategy and not (memory_layer and cfg.mem_positions == "none"):
+      local_scores, visible = position_strategies.local_scores(cfg, q_pre, k_pre, positions, scale)
+      local_mask = local_mask & visible
+    local = mem.block_partial(local_scores, local_mask, v)
     aux = {}
 
     extra = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Tuple
 
-from fot_jax.model import rope
+from fot_jax.model import position_strategies, rope
 
 MEM_POSITIONS = ("first", "none")
 
@@ -24,6 +24,9 @@ class ModelConfig:
   # {"rope_type": "llama3", "factor": 8.0, ...}; kept as sorted (key, value) pairs so the config
   # stays hashable (a static jit argument). () is plain RoPE. Variants: fot_jax/model/rope.py.
   rope_scaling: Tuple[Tuple[str, Any], ...] = ()
+  # Inference-time position/mask strategy of the local attention, e.g. {"kind": "self_extend",
+  # "window": 1024, "group": 64}; () = plain attention. See fot_jax/model/position_strategies.py.
+  position_strategy: Tuple[Tuple[str, Any], ...] = ()
   rms_norm_eps: float = 1e-6
   tie_embeddings: bool = False
   dtype: str = "float32"  # compute dtype; parameters stay float32
@@ -39,6 +42,7 @@ class ModelConfig:
 
   def __post_init__(self):  # a dict (experiment file, fot_jax_model.json) becomes the pairs
     object.__setattr__(self, "rope_scaling", rope.scaling_tuple(self.rope_scaling))
+    object.__setattr__(self, "position_strategy", position_strategies.strategy_tuple(self.position_strategy))
 
   @property
   def kv_heads(self) -> int:
@@ -68,6 +72,11 @@ class ModelConfig:
       rope.validate_scaling(self.rope_scaling, self.dim_per_head)
     except ValueError as e:
       fail("rope_scaling", str(e))
+    if self.position_strategy:
+      try:
+        position_strategies.validate_strategy(self.position_strategy)
+      except ValueError as e:
+        fail("position_strategy", str(e))
     for layer in self.mem_layers:
       if not 0 <= layer < self.num_layers:
         fail("mem_layers", f"layer {layer} is outside 0..{self.num_layers - 1}")

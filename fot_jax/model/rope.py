@@ -151,10 +151,11 @@ def inv_frequencies(cfg, seq_len=None):
   return INV_FREQ[p.get("rope_type", "default")](p, cfg.rope_theta, cfg.dim_per_head, seq_len)
 
 
-def rope_angles(positions, cfg):
+def rope_angles(positions, cfg, length=None):
   """cos/sin of shape positions.shape + (head_dim,), HF layout (two halves repeated), already
-  multiplied by the variant's attention factor (YaRN)."""
-  inv_freq, scale = inv_frequencies(cfg, jnp.max(positions) + 1)  # HF: the largest position of the call
+  multiplied by the variant's attention factor (YaRN). length: the current length for dynamic
+  NTK; default max(positions) + 1, as transformers (the largest position of the call)."""
+  inv_freq, scale = inv_frequencies(cfg, jnp.max(positions) + 1 if length is None else length)
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb) * scale, jnp.sin(emb) * scale
@@ -165,9 +166,9 @@ def rotate_half(x):
   return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def apply_rope(x, positions, cfg):
+def apply_rope(x, positions, cfg, length=None):
   """x: [B, T, H, D]; positions: [B, T] (or broadcastable); cfg: ModelConfig (theta + scaling)."""
-  cos, sin = rope_angles(positions, cfg)
+  cos, sin = rope_angles(positions, cfg, length)
   cos, sin = cos[..., None, :], sin[..., None, :]
   out = x.astype(jnp.float32) * cos + rotate_half(x.astype(jnp.float32)) * sin
   return out.astype(x.dtype)
