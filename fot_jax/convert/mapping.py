@@ -5,6 +5,8 @@ rename, plus a transpose for linear layers (HF stores [out, in], Flax [in, out])
 LongLLaMA's config fields map to ModelConfig as follows (see README):
   mem_layers -> mem_layers (0-based in both), mem_positionals True/False ->
   mem_positions 'first'/'none', max_position_embeddings -> the inference window.
+RoPE scaling (rope_scaling / rope_parameters) -> ModelConfig.rope_scaling: rope_from_hf,
+rope_to_hf (docs/context_extension.md).
 """
 from __future__ import annotations
 

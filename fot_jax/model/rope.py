@@ -61,6 +61,8 @@ def validate_scaling(scaling: Tuple[Tuple[str, object], ...], head_dim: int) -> 
   unknown = sorted(set(p) - {"rope_type", *required, *optional})
   if unknown:
     raise ValueError(f"rope_type {kind!r} does not use {unknown} (it takes {list(required + optional)})")
+  if not isinstance(p.get("truncate", True), bool):
+    raise ValueError(f"truncate must be true or false, got {p['truncate']!r}")
   for key, value in p.items():
     if key in ("rope_type", "truncate"):
       continue
