@@ -19,7 +19,7 @@ checkpoint gives transformers' logits:
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import jax.numpy as jnp
 
