@@ -5,10 +5,14 @@ rename, plus a transpose for linear layers (HF stores [out, in], Flax [in, out])
 LongLLaMA's config fields map to ModelConfig as follows (see README):
   mem_layers -> mem_layers (0-based in both), mem_positionals True/False ->
   mem_positions 'first'/'none', max_position_embeddings -> the inference window.
+RoPE scaling (rope_scaling / rope_parameters) -> ModelConfig.rope_scaling: rope_from_hf,
+rope_to_hf (docs/context_extension.md).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from typing import Dict, Iterator, Optional, Tuple
 
 import jax
@@ -16,15 +20,71 @@ import numpy as np
 
 from fot_jax.convert.hf_files import ConvertError
 from fot_jax.model.config import ModelConfig
+from fot_jax.model.rope import VARIANTS, scaling_tuple
 
 LLAMA_TYPES = ("llama", "longllama")
 MOE_FIELDS = ("num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
 
 
-def _rope_theta(hf: dict) -> float:
-  params = hf.get("rope_parameters") or {}
-  return float(hf.get("rope_theta") or params.get("rope_theta") or 10000.0)
+def rope_from_hf(hf: dict, source: str) -> Tuple[float, tuple]:
+  """config.json -> (rope_theta, ModelConfig.rope_scaling), resolved as transformers resolves it.
+
+  Both spellings: `rope_scaling` (+ top-level `rope_theta`, transformers 4.x) and
+  `rope_parameters` (transformers 5.x, theta inside); `rope_scaling` wins when both are set,
+  as in transformers. Defaults transformers fills in are made explicit: yarn/llama3's
+  original_max_position_embeddings (top-level field, else max_position_embeddings), yarn's
+  factor (max_position_embeddings / original). HF's dynamic NTK measures the length against
+  max_position_embeddings; fot_jax keeps that as original_max_position_embeddings, since its
+  window is a separate thing. A config exported from fot_jax's frozen NTK ('ntk', a plain RoPE
+  with a raised base) carries `fot_jax_rope`, which restores the variant.
+  """
+  params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+  theta = float(params.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0)
+  if any(isinstance(v, dict) for v in params.values()):
+    raise ConvertError(f"{source}: per-layer-type RoPE parameters are not supported (LLaMA has one RoPE)")
+  if params.pop("partial_rotary_factor", 1.0) != 1.0:
+    raise ConvertError(f"{source}: partial_rotary_factor != 1 is not supported (LLaMA rotates the whole head)")
+  kind = params.get("rope_type", params.get("type")) or "default"
+  params["rope_type"] = kind
+  params.pop("type", None)
+  mpe = hf.get("max_position_embeddings", 2048)
+  if kind in ("yarn", "llama3"):
+    params["original_max_position_embeddings"] = (hf.get("original_max_position_embeddings")
+                                                  or params.get("original_max_position_embeddings") or mpe)
+  if kind == "yarn" and params.get("factor") is None:
+    params["factor"] = mpe / params["original_max_position_embeddings"]
+  if kind == "dynamic":
+    params["original_max_position_embeddings"] = mpe
+  if kind in VARIANTS:  # keys transformers ignores (with a warning) are dropped here too
+    unused = sorted(set(params) - {"rope_type", *VARIANTS[kind][0], *VARIANTS[kind][1]})
+    if unused:
+      warnings.warn(f"{source}: RoPE keys {unused} are not used by rope_type {kind!r}; ignored")
+      params = {k: v for k, v in params.items() if k not in unused}
+  frozen = hf.get("fot_jax_rope") or {}
+  if kind == "default" and frozen.get("rope_type") == "ntk":
+    d = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    if math.isclose(frozen["rope_theta"] * frozen["factor"] ** (d / (d - 2)), theta, rel_tol=1e-12):
+      theta, params = float(frozen["rope_theta"]), {"rope_type": "ntk", "factor": frozen["factor"]}
+  return theta, scaling_tuple(params)
+
+
+def rope_to_hf(cfg: ModelConfig, window: int) -> dict:
+  """config.json fields of cfg's RoPE: both spellings, so transformers 4.x and 5.x read it."""
+  p = dict(cfg.rope_scaling)
+  kind, theta = p.pop("rope_type", "default"), cfg.rope_theta
+  out = {"max_position_embeddings": window}
+  if kind == "ntk":  # transformers has no frozen NTK: it is plain RoPE with the raised base
+    out["fot_jax_rope"] = {"rope_type": "ntk", "factor": p["factor"], "rope_theta": theta}
+    d = cfg.dim_per_head
+    theta, kind, p = theta * p["factor"] ** (d / (d - 2)), "default", {}
+  if kind == "dynamic":  # transformers measures the length against max_position_embeddings
+    out["max_position_embeddings"] = p.pop("original_max_position_embeddings")
+  scaling = {"rope_type": kind, **p}
+  out.update(rope_theta=theta, rope_parameters={**scaling, "rope_theta": theta})
+  if kind != "default":
+    out["rope_scaling"] = scaling
+  return out
 
 
 def check_llama_like(hf: dict, source: str) -> None:
@@ -40,11 +100,6 @@ def check_llama_like(hf: dict, source: str) -> None:
   for field in ("attention_bias", "mlp_bias"):
     if hf.get(field):
       raise ConvertError(f"{source}: {field}=true is not supported (fot_jax layers have no biases)")
-  rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-  kind = rope.get("rope_type", rope.get("type", "default"))
-  if kind not in (None, "default"):
-    raise ConvertError(f"{source}: RoPE scaling {kind!r} is not supported (fot_jax uses plain RoPE; "
-                       f"memory layers extend the context instead)")
 
 
 def model_config_from_hf(hf: dict, source: str, **overrides) -> Tuple[ModelConfig, int]:
@@ -59,10 +114,11 @@ def model_config_from_hf(hf: dict, source: str, **overrides) -> Tuple[ModelConfi
         intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
         num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_dim=None if head_dim in (None, hidden // heads) else int(head_dim),
-        rope_theta=_rope_theta(hf), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         mem_layers=tuple(int(x) for x in hf.get("mem_layers") or ()),
         mem_positions="first" if hf.get("mem_positionals", True) else "none")
+    fields["rope_theta"], fields["rope_scaling"] = rope_from_hf(hf, source)
   except KeyError as e:
     raise ConvertError(f"{source}: missing field {e.args[0]}") from None
   extras = hf.get("fot_jax") or {}
@@ -76,7 +132,10 @@ def model_config_from_hf(hf: dict, source: str, **overrides) -> Tuple[ModelConfi
     cfg.validate()
   except ValueError as e:
     raise ConvertError(f"{source}: {e}") from None
-  return cfg, int(hf.get("max_position_embeddings", 2048))
+  window = hf.get("max_position_embeddings", 2048)
+  if cfg.rope_type == "dynamic":  # max_position_embeddings is NTK's reference there (rope_to_hf)
+    window = hf.get("last_context_length") or window
+  return cfg, int(window)
 
 
 def hf_config(cfg: ModelConfig, window: int, dtype: str, mem_dtype: str, fot_jax_extras: bool,
@@ -87,9 +146,8 @@ def hf_config(cfg: ModelConfig, window: int, dtype: str, mem_dtype: str, fot_jax
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
       "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
       "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads,
-      "head_dim": cfg.dim_per_head, "hidden_act": "silu", "max_position_embeddings": window,
-      "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-      "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+      "head_dim": cfg.dim_per_head, "hidden_act": "silu", **rope_to_hf(cfg, window),
+      "rms_norm_eps": cfg.rms_norm_eps,
       "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
       "dtype": dtype, "torch_dtype": dtype, "use_cache": True,
       # LongLLaMA fields.
@@ -191,4 +249,6 @@ def hf_tensors(params: dict, cfg: ModelConfig) -> Dict[str, np.ndarray]:
 def model_config_dict(cfg: ModelConfig) -> dict:
   d = dataclasses.asdict(cfg)
   d["mem_layers"] = list(cfg.mem_layers)
+  d["rope_scaling"] = dict(cfg.rope_scaling)
+  d["position_strategy"] = dict(cfg.position_strategy)
   return d

@@ -6,8 +6,10 @@ semantics as fot_jax.inference, written independently of it:
   positions restart at 0 in every window; ordinary layers see only the causal window;
 * a memory layer (config `mem_layers`) also sees the keys/values of all earlier
   windows (dense: every memory entry), under one softmax with the causal window;
-  memory keys are rotated as if at position 0 (`mem_positionals: true`) or, with
-  `mem_positionals: false`, the memory layer uses no rotation at all.
+  memory keys are rotated as if at position 0 (`mem_positionals: true`; under YaRN that is
+  the key times its attention factor, as transformers treats a key at 0) or, with
+  `mem_positionals: false`, the memory layer uses no rotation at all;
+* RoPE (and its scaling) comes from transformers' own tables for the config.json.
 So a user running an exported model in PyTorch gets fot_jax's logits.
 """
 from __future__ import annotations
@@ -26,13 +28,24 @@ def _rms(x, w, eps):
   return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def _rope(x, positions, theta):
-  """x [B, T, H, D], positions [T]; HF rotate-half layout."""
+def _inv_freq(config, seq_len):
+  """transformers' own RoPE tables for config.json (any rope_type it knows): (inv_freq, cos/sin
+  multiplier); seq_len is the current length (dynamic NTK)."""
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+  from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+  kind = config.rope_parameters["rope_type"]
+  if kind == "default":
+    return LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+  return ROPE_INIT_FUNCTIONS[kind](config, None, seq_len=seq_len)
+
+
+def _rope(x, positions, rope):
+  """x [B, T, H, D], positions [T], rope (inv_freq, multiplier); HF rotate-half layout."""
   d = x.shape[-1]
-  inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+  inv, scale = rope
   freqs = positions.float()[:, None] * inv
   emb = torch.cat([freqs, freqs], -1)
-  cos, sin = emb.cos()[None, :, None, :], emb.sin()[None, :, None, :]
+  cos, sin = emb.cos()[None, :, None, :] * scale, emb.sin()[None, :, None, :] * scale
   half = d // 2
   rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
   return x * cos + rotated * sin
@@ -49,9 +62,10 @@ class TorchMemoryLlama:
     self.layers = c["num_hidden_layers"]
     self.heads, self.kv_heads = c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
     self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
-    self.theta = float(c.get("rope_theta") or c["rope_parameters"]["rope_theta"])
+    from transformers import LlamaConfig
+    self.hf_config = LlamaConfig(**c)  # RoPE as transformers reads it (scaling included)
     self.eps = float(c["rms_norm_eps"])
-    self.window = int(c["max_position_embeddings"])
+    self.window = int(c.get("last_context_length") or c["max_position_embeddings"])  # fot_jax exports both
     self.mem_layers = set(c.get("mem_layers") or ())
     self.mem_positionals = bool(c.get("mem_positionals", True))
     reader = WeightReader(directory)
@@ -59,7 +73,7 @@ class TorchMemoryLlama:
     if c.get("tie_word_embeddings"):
       self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
-  def _attention(self, i, x, memory):
+  def _attention(self, i, x, memory, rope_len):
     """x [B, T, H*D] (normed); memory (k [B, M, KV, D], v) or None -> (out, (k_mem, v))."""
     p = f"model.layers.{i}.self_attn."
     b, t, _ = x.shape
@@ -70,9 +84,10 @@ class TorchMemoryLlama:
     is_mem = i in self.mem_layers
     rotate = not (is_mem and not self.mem_positionals)
     pos = torch.arange(t)
-    k_mem = _rope(k, torch.zeros(t, dtype=torch.long), self.theta) if rotate else k
+    rope = _inv_freq(self.hf_config, rope_len or t)
+    k_mem = _rope(k, torch.zeros(t, dtype=torch.long), rope) if rotate else k
     if rotate:
-      q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
+      q, k = _rope(q, pos, rope), _rope(k, pos, rope)
     keys, values = k, v
     mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
     if is_mem and memory is not None:
@@ -86,13 +101,17 @@ class TorchMemoryLlama:
     out = torch.einsum("bhts,bshd->bthd", s.softmax(-1), values).reshape(b, t, h * d)
     return out @ self.w[p + "o_proj.weight"].T, (k_mem, v)
 
-  def window_forward(self, tokens, memories: Dict[int, Tuple]) -> Tuple[torch.Tensor, Dict[int, Tuple]]:
-    """tokens [B, T] (T <= window) -> logits [B, T, V] and this window's memory-layer (k, v)."""
+  def window_forward(self, tokens, memories: Dict[int, Tuple],
+                     rope_len: Optional[int] = None) -> Tuple[torch.Tensor, Dict[int, Tuple]]:
+    """tokens [B, T] (T <= window) -> logits [B, T, V] and this window's memory-layer (k, v).
+    rope_len: the length dynamic NTK scales for (default T; fot_jax pads every window to the
+    window length, so logits_with_memory passes the window)."""
     x = self.w["model.embed_tokens.weight"][tokens]
     new = {}
     for i in range(self.layers):
       p = f"model.layers.{i}."
-      a, new_kv = self._attention(i, _rms(x, self.w[p + "input_layernorm.weight"], self.eps), memories.get(i))
+      a, new_kv = self._attention(i, _rms(x, self.w[p + "input_layernorm.weight"], self.eps), memories.get(i),
+                                  rope_len)
       if i in self.mem_layers:
         new[i] = new_kv
       x = x + a
@@ -109,7 +128,7 @@ class TorchMemoryLlama:
     window = window or self.window
     memories, outs = {}, []
     for start in range(0, tokens.shape[1], window):
-      logits, new = self.window_forward(tokens[:, start:start + window], memories)
+      logits, new = self.window_forward(tokens[:, start:start + window], memories, window)
       outs.append(logits)
       for i, (k, v) in new.items():
         old = memories.get(i)

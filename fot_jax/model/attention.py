@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from fot_jax.model import memory as mem
+from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
-from fot_jax.model.rope import apply_rope
+from fot_jax.model.rope import apply_rope, rope_at_position_zero
 
 
 def dense(features, axes, name, dtype, init_std=0.02):
@@ -58,19 +59,24 @@ class Attention(nn.Module):
     if memory_layer and cfg.mem_gating:  # created at init too, where no extra context comes
       gate_logit = self.param("mem_gate", nn.with_logical_partitioning(nn.initializers.zeros, ("heads",)),
                               (h,), jnp.float32)
-    # Memory keys: 'first' rotates them as if at position 0, which is the identity,
-    # so the raw projection is the memory key; 'none' uses no rotation at all.
-    k_mem = k
+    # Memory keys: 'first' rotates them as if at position 0, which is the identity (times
+    # YaRN's attention factor, as for a local key at 0); 'none' uses no rotation at all.
+    k_mem, q_pre, k_pre = k, q, k  # before RoPE: a position strategy rotates them itself
     if not (memory_layer and cfg.mem_positions == "none"):
-      q = apply_rope(q, positions, cfg.rope_theta)
-      k = apply_rope(k, positions, cfg.rope_theta)
+      k_mem = rope_at_position_zero(k, cfg)
+      q = apply_rope(q, positions, cfg)
+      k = apply_rope(k, positions, cfg)
     q = (q * scale).reshape(b, t, kv, g, d)
     if memory_layer:  # read by host-side retrieval (fot_jax.eval.approx); a no-op unless collected
       self.sow("intermediates", "mem_queries", q)
 
     causal = jnp.tril(jnp.ones((t, t), bool))
     local_mask = causal[None, None, None] & token_mask[:, None, None, None, :]
-    local = mem.block_partial(mem.scores(q, k), local_mask, v)
+    local_scores = mem.scores(q, k)
+    if cfg.position_strategy and not (memory_layer and cfg.mem_positions == "none"):
+      local_scores, visible = position_strategies.local_scores(cfg, q_pre, k_pre, positions, scale)
+      local_mask = local_mask & visible
+    local = mem.block_partial(local_scores, local_mask, v)
     aux = {}
 
     extra = None

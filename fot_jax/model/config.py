@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
+
+from fot_jax.model import position_strategies, rope
 
 MEM_POSITIONS = ("first", "none")
 
@@ -18,6 +20,13 @@ class ModelConfig:
   num_kv_heads: Optional[int] = None  # None: multi-head attention
   head_dim: Optional[int] = None  # None: hidden_size // num_heads
   rope_theta: float = 10000.0
+  # RoPE scaling as config.json's rope_scaling / rope_parameters spells it, e.g.
+  # {"rope_type": "llama3", "factor": 8.0, ...}; kept as sorted (key, value) pairs so the config
+  # stays hashable (a static jit argument). () is plain RoPE. Variants: fot_jax/model/rope.py.
+  rope_scaling: Tuple[Tuple[str, Any], ...] = ()
+  # Inference-time position/mask strategy of the local attention, e.g. {"kind": "self_extend",
+  # "window": 1024, "group": 64}; () = plain attention. See fot_jax/model/position_strategies.py.
+  position_strategy: Tuple[Tuple[str, Any], ...] = ()
   rms_norm_eps: float = 1e-6
   tie_embeddings: bool = False
   dtype: str = "float32"  # compute dtype; parameters stay float32
@@ -31,9 +40,17 @@ class ModelConfig:
   mem_gating: bool = False  # Memorizing-Transformer gate instead of concatenation
   mem_stop_gradient: bool = False  # non-differentiable extra contexts (ablation)
 
+  def __post_init__(self):  # a dict (experiment file, fot_jax_model.json) becomes the pairs
+    object.__setattr__(self, "rope_scaling", rope.scaling_tuple(self.rope_scaling))
+    object.__setattr__(self, "position_strategy", position_strategies.strategy_tuple(self.position_strategy))
+
   @property
   def kv_heads(self) -> int:
     return self.num_kv_heads or self.num_heads
+
+  @property
+  def rope_type(self) -> str:
+    return dict(self.rope_scaling).get("rope_type", "default")
 
   @property
   def dim_per_head(self) -> int:
@@ -51,6 +68,15 @@ class ModelConfig:
       fail("num_kv_heads", f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
     if self.dim_per_head % 2:
       fail("head_dim", f"RoPE needs an even head dimension, got {self.dim_per_head}")
+    try:
+      rope.validate_scaling(self.rope_scaling, self.dim_per_head)
+    except ValueError as e:
+      fail("rope_scaling", str(e))
+    if self.position_strategy:
+      try:
+        position_strategies.validate_strategy(self.position_strategy)
+      except ValueError as e:
+        fail("position_strategy", str(e))
     for layer in self.mem_layers:
       if not 0 <= layer < self.num_layers:
         fail("mem_layers", f"layer {layer} is outside 0..{self.num_layers - 1}")
