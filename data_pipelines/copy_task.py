@@ -29,6 +29,11 @@ class CopyTask:
   span: int = 32  # tokens copied (documents are 2 * span long)
   num_symbols: int = 512  # symbols are ids symbol_offset .. symbol_offset + num_symbols - 1
   symbol_offset: int = NUM_SPECIAL
+  # chunks > 1: the repeat holds X's `chunks` equal pieces in a random order, and each piece's
+  # first token is not scored (it cannot be predicted). The distance between a token and its
+  # copy then varies, so a model with positions in its window cannot copy by a fixed offset
+  # (a positional shortcut that does not transfer to lookup) and has to match content.
+  chunks: int = 1
 
   @property
   def doc_len(self) -> int:
@@ -42,14 +47,23 @@ class CopyTask:
     if self.span <= 0 or self.num_symbols < 2:
       raise ValueError(f"copy task: span and num_symbols must be positive (num_symbols >= 2), "
                        f"got span={self.span}, num_symbols={self.num_symbols}")
+    if self.chunks <= 0 or self.span % self.chunks:
+      raise ValueError(f"copy task: chunks={self.chunks} must divide span={self.span}")
 
   def batch(self, seed: int, step: int, n_docs: int):
     """tokens and the scored mask (the repeat), [n_docs, doc_len]; a pure function of (seed, step)."""
     rng = np.random.default_rng([seed, step, 7])  # 7: another stream than dictionary batches
     first = rng.integers(0, self.num_symbols, (n_docs, self.span)).astype(np.int32) + self.symbol_offset
-    tokens = np.concatenate([first, first], axis=1)
+    size = self.span // self.chunks
+    order = np.argsort(rng.random((n_docs, self.chunks)), axis=1) if self.chunks > 1 else \
+        np.zeros((n_docs, 1), np.int64)
+    pieces = first.reshape(n_docs, self.chunks, size)
+    repeat = np.take_along_axis(pieces, order[:, :, None], axis=1).reshape(n_docs, self.span)
+    tokens = np.concatenate([first, repeat], axis=1)
     scored = np.zeros(tokens.shape, bool)
     scored[:, self.span:] = True
+    if self.chunks > 1:
+      scored[:, self.span::size] = False  # a piece's first token: which piece comes is random
     return tokens, scored
 
 

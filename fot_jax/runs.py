@@ -109,13 +109,15 @@ def _dictionary_rd(config, cfg, task, trained):
   task.defs_len tokens) with its own definitions and d - 1 other documents' in memory."""
   from fot_jax.eval.rd import positive_attention_mass
   ds = [int(d) for d in config.eval.rd_ds]
-  rng = np.random.default_rng([int(config.eval.seed), 5])
-  docs = [task.document(rng)["tokens"].astype(np.int32) for _ in range(max(ds))]
+  # Like the training batches: no key defined in two documents, when the key space allows it.
+  disjoint = max(ds) * task.n_defs <= task.num_symbols ** task.key_len
+  docs = list(task.batch(int(config.eval.seed), 5, max(ds), disjoint_keys=disjoint)[0].astype(np.int32))
   out = {}
   for name in ("fot", "baseline"):
     if name in trained:
       out[name] = positive_attention_mass(cfg, trained[name]["params"], docs, task.queries_len, ds, 1,
                                           int(config.eval.batch), name=name)
+      out[name]["disjoint_keys"] = disjoint
   return out
 
 

@@ -215,11 +215,17 @@ def params_from_checkpoint(path: str, model_cfg: ModelConfig):
   workdir), checked against model_cfg; the caller starts a fresh optimizer state."""
   from fot_jax.convert import checkpoint  # a training run that never imports stays light
   try:
-    params = checkpoint.load(path).params
-    checkpoint.check_params(params, model_cfg, path)
+    ck = checkpoint.load(path)
+    checkpoint.check_params(ck.params, model_cfg, path)
   except checkpoint.ConvertError as e:
     raise ValueError(f"train.init_from: {e}") from None
-  return params
+  # Positions leave no trace in parameter shapes: a run with another RoPE would train silently wrong.
+  for field in ("rope_theta", "rope_scaling"):
+    have, want = getattr(ck.cfg, field), getattr(model_cfg, field)
+    if have != want:
+      raise ValueError(f"train.init_from: {path} was trained with {field}={have!r}, the model config has "
+                       f"{want!r}; set model.overrides.{field} to the checkpoint's")
+  return ck.params
 
 
 def _batch_sources(schedule: Schedule, batch_fn) -> Dict[Optional[str], Callable]:

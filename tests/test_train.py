@@ -88,3 +88,18 @@ def test_accumulation_that_splits_a_pack_is_rejected(tmp_path):
   cfg = dict(_train_cfg(1), accum_steps=2)
   with pytest.raises(ValueError, match="accum_steps"):
     train(CFG, cfg, Schedule({"kind": "constant", "spec": {"d": 1, "w": 1}}), batches, str(tmp_path))
+
+
+def test_init_from_refuses_other_positions(tmp_path):
+  """RoPE leaves no trace in parameter shapes: init_from compares rope_theta and rope_scaling."""
+  import dataclasses
+  from fot_jax.convert import checkpoint
+  from fot_jax.train import params_from_checkpoint
+  cfg = dataclasses.replace(CFG, rope_scaling={"rope_type": "linear", "factor": 2.0})
+  checkpoint.save(str(tmp_path / "ck"), init_params(cfg, 0), cfg, window=16)
+  params = params_from_checkpoint(str(tmp_path / "ck"), cfg)
+  assert params["embed_tokens"]["embedding"].shape[0] == TASK.vocab_size
+  with pytest.raises(ValueError, match="rope_scaling"):
+    params_from_checkpoint(str(tmp_path / "ck"), CFG)
+  with pytest.raises(ValueError, match="rope_theta=10000.0"):
+    params_from_checkpoint(str(tmp_path / "ck"), dataclasses.replace(cfg, rope_theta=500.0))
