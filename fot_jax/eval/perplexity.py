@@ -56,6 +56,13 @@ def span_nll(inference: MemoryInference, streams: np.ndarray, memory: int, score
   return _nll(logits, streams[:, span_start + 1:])
 
 
+def one_call_nll(inference, streams: np.ndarray, score_tokens: int) -> np.ndarray:
+  """streams [B, L] -> token NLLs [B, score_tokens] of the last score_tokens targets, all L - 1 inputs
+  in one `process` call (the study's long-context forward: the context is the window itself)."""
+  logits = inference.process(streams[:, :-1], inference.new_memory(len(streams)))
+  return _nll(logits[:, -score_tokens:], streams[:, -score_tokens:])
+
+
 def shared_context_nll(inference: MemoryInference, streams: np.ndarray, memories: Sequence[int],
                        score_tokens: int) -> Dict[int, np.ndarray]:
   """span_nll for several memory sizes from one pass over the longest context.
