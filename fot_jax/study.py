@@ -5,8 +5,8 @@
 A method is a set of ModelConfig overrides applied to the base (`rope_scaling`,
 `position_strategy`, `mem_layers`, ...) plus its inference path:
   * `plain`:  a long-context forward, the whole input in one window (no memory);
-  * `memory`: FoT memory inference, windows of the base's length, earlier windows in the
-              memory layers' memory (fot_jax/inference.py).
+  * `memory`: FoT memory inference, windows of the base's length (or the method's `window`),
+              earlier windows in the memory layers' memory (fot_jax/inference.py).
 Every method gets the same evaluation (the suites of fot_jax/eval, run on the method's model):
   * ppl:     perplexity of the same last `ppl.score_tokens` tokens of each held-out document,
              with L - score_tokens tokens of context before them, at every study length L (one
@@ -92,6 +92,7 @@ def _method_context(base, method: Dict, pad: int):
     def __init__(self):  # shares the loaded base; nothing is read again
       self.__dict__.update(base.__dict__)
       self.cfg, self.name, self.inference_path = cfg, method["name"], path
+      self.window = int(method.get("window") or base.window)  # the memory path's local window
 
     def inference(self, mode=None):
       c = self.config
@@ -104,7 +105,8 @@ def _method_context(base, method: Dict, pad: int):
 
 def perplexity_vs_length(ctx, lengths: List[int], score_tokens: int, n_docs: int, batch: int) -> Dict:
   """The same scored span (each document's last score_tokens targets) with L - score_tokens tokens
-  of context before it, for every L in lengths."""
+  of context before it, for every L in lengths: the L-token input goes through the method's
+  `process` from its first token (so at L = the base window, memory methods equal plain ones)."""
   from fot_jax.eval import perplexity
   top = max(lengths)
   if min(lengths) <= score_tokens:
@@ -116,12 +118,8 @@ def perplexity_vs_length(ctx, lengths: List[int], score_tokens: int, n_docs: int
   for length in lengths:
     t0 = time.time()
     nlls = []
-    for s in range(0, len(tails), batch):
-      streams = tails[s:s + batch, top - length:]
-      if ctx.inference_path == "memory":
-        nlls.append(perplexity.span_nll(ctx.inference(), streams, length - score_tokens, score_tokens))
-      else:
-        nlls.append(perplexity.one_call_nll(ctx.inference(), streams, score_tokens))
+    for s in range(0, len(tails), batch):  # plain: one window; memory: windows from the first token
+      nlls.append(perplexity.one_call_nll(ctx.inference(), tails[s:s + batch, top - length:], score_tokens))
     mean = float(np.concatenate(nlls).mean())
     out["nll"].append(mean)
     out["perplexity"].append(math.exp(mean))

@@ -58,7 +58,8 @@ def span_nll(inference: MemoryInference, streams: np.ndarray, memory: int, score
 
 def one_call_nll(inference, streams: np.ndarray, score_tokens: int) -> np.ndarray:
   """streams [B, L] -> token NLLs [B, score_tokens] of the last score_tokens targets, all L - 1 inputs
-  in one `process` call (the study's long-context forward: the context is the window itself)."""
+  in one `process` call from the first token (a long-context forward, or memory inference whose
+  windows start at the stream's first token rather than, as in span_nll, at the scored span)."""
   logits = inference.process(streams[:, :-1], inference.new_memory(len(streams)))
   return _nll(logits[:, -score_tokens:], streams[:, -score_tokens:])
 
