@@ -223,7 +223,8 @@ def run(config, workdir: str) -> Dict:
         print(f"[study] method {i + 1}/{len(names)} {name}: done before ({out}), skipped", flush=True)
         results[name] = prev
         continue
-      print(f"[study] method {name}: its spec or the study's settings changed since {out} was written; evaluating again", flush=True)
+      print(f"[study] method {name}: its spec or the study's settings changed since {out} was written; "
+            "evaluating again", flush=True)
     print(f"[study] method {i + 1}/{len(names)} {name}: {_describe(m)}", flush=True)
     t0 = time.time()
     res = evaluate_method(base, m, config)
