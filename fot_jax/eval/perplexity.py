@@ -56,6 +56,14 @@ def span_nll(inference: MemoryInference, streams: np.ndarray, memory: int, score
   return _nll(logits, streams[:, span_start + 1:])
 
 
+def one_call_nll(inference, streams: np.ndarray, score_tokens: int) -> np.ndarray:
+  """streams [B, L] -> token NLLs [B, score_tokens] of the last score_tokens targets, all L - 1 inputs
+  in one `process` call from the first token (a long-context forward, or memory inference whose
+  windows start at the stream's first token rather than, as in span_nll, at the scored span)."""
+  logits = inference.process(streams[:, :-1], inference.new_memory(len(streams)))
+  return _nll(logits[:, -score_tokens:], streams[:, -score_tokens:])
+
+
 def shared_context_nll(inference: MemoryInference, streams: np.ndarray, memories: Sequence[int],
                        score_tokens: int) -> Dict[int, np.ndarray]:
   """span_nll for several memory sizes from one pass over the longest context.

@@ -1,0 +1,48 @@
+"""The context-extension study on a real base: SmolLM2-135M (8K native context), imported by
+`make smollm2` to checkpoints/smollm2-135m (the config fails with that hint when it is absent).
+
+  nice -n 10 python -m fot_jax.study --config=experiments/study_smollm2.py --workdir=runs/study_smollm2
+
+All methods without fine-tuning, from the native 8,192 tokens to 16,384 (2x), one trial per cell
+(a CPU-sized run: plain 16K attention of a 30-layer model is the expensive part). RoPE scaling
+with factor 2 (dynamic NTK with the study's s = C'/(2C) = 1: scaled by the current length only), Self-Extend and
+LM-Infinite with the study's LLaMA-2 settings (W=1024, G=64; 10 sinks, M = L0), and FoT memory
+without fine-tuning in every layer and in three, with a 512-token local window (an earlier probe:
+passkey 2/2 at 16,874 tokens with memory in all 30 layers).
+"""
+import ml_collections
+
+from experiments import study_tiny
+from fot_jax.eval import suite as suite_lib
+
+CHECKPOINT = "checkpoints/smollm2-135m"
+L0, FACTOR = 8192, 2
+LENGTHS = (4096, 8192, 16384)
+
+
+def methods():
+  out = [m for m in study_tiny.methods(l0=L0, factor=FACTOR, se_window=1024, se_group=64)
+         if not m["name"].startswith("fot_memory")]
+  out += [{"name": "fot_memory_all", "inference": "memory", "window": 512,
+           "overrides": {"mem_layers": tuple(range(30))}},
+          {"name": "fot_memory_3", "inference": "memory", "window": 512,
+           "overrides": {"mem_layers": (9, 19, 29)}}]
+  return out
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.base = ml_collections.ConfigDict({"checkpoint": CHECKPOINT,
+                                      "missing_hint": "import SmolLM2-135M first: `make smollm2`"})
+  c.lengths = LENGTHS
+  c.methods = methods()
+  c.suites = ("ppl", "passkey", "niah")
+  c.pad = 1024
+  c.ppl = ml_collections.ConfigDict({"score_tokens": 256, "n_docs": 2, "tolerance": 1.1})
+  e = suite_lib.default_config()
+  e.task, e.batch, e.window = "stdlib", 1, L0
+  for g in (e.passkey, e.niah):
+    g.depths, g.trials = (0.0, 0.5, 1.0), 1
+  e.niah.n_needles, e.niah.corpus_docs = 2, 200
+  c.eval = e
+  return c

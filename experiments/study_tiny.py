@@ -1,0 +1,73 @@
+"""The controlled context-extension study in miniature, on CPU:
+
+  python -m fot_jax.study --config=experiments/study_tiny.py --workdir=runs/study_tiny
+
+Base: the tiny byte-level FoT model of experiments/stdlib_lm_tiny.py (3 layers of 64, memory
+layer 1, window 128), trained here first (W/base) on a shortened curriculum: the copy_text
+warm-up, then the stdlib corpus mixed with copy documents (`BASE_STEPS` below). Set
+`base.checkpoint` (e.g. --config.base.checkpoint=runs/stdlib/fot) to study a model trained
+before instead. The methods extend it from L0 = 128 to 1,024 tokens (8x), all without fine-tuning:
+RoPE scaling with factor 8 (PI, NTK-frozen, YaRN; dynamic NTK with the study's s = C'/(2C) = 4),
+Self-Extend, LM-Infinite, and FoT memory (the base's trained memory layer, and memory in every
+layer, which the base was never trained with).
+"""
+import ml_collections
+
+from experiments import stdlib_lm_tiny
+from fot_jax.eval import suite as suite_lib
+
+L0, FACTOR = 128, 8
+COPY_STEPS, LM_STEPS = 300, 100  # the base's curriculum, shortened from stdlib_lm_tiny's 600 + 600
+LENGTHS = (128, 256, 512, 1024)
+
+
+def base_train_config():
+  c = stdlib_lm_tiny.get_config()
+  steps = COPY_STEPS + LM_STEPS
+  phases = c.train.curriculum.phases
+  phases[0]["steps"] = COPY_STEPS
+  c.train.curriculum.phases = phases[:2]  # copy warm-up, then the stdlib_copy mixture at d=2
+  c.train.steps, c.optim.total_steps, c.train.checkpoint_every, c.train.log_every = steps, steps, 0, 50
+  c.baseline.enabled = False
+  c.eval.memory_tokens, c.eval.score_tokens, c.eval.n_docs = [0], 64, 4  # the study evaluates
+  return c
+
+
+def methods(l0=L0, factor=FACTOR, memory_layers=(1,), all_layers=(0, 1, 2), se_window=64, se_group=16,
+            sinks=10):
+  """The study's methods for a base of context l0 extended `factor` times."""
+  def rope(kind, **kw):
+    return {"rope_scaling": dict({"rope_type": kind, "factor": float(kw.pop("f", factor))}, **kw)}
+  return [
+      {"name": "none", "inference": "plain"},
+      {"name": "pi", "inference": "plain", "overrides": rope("linear")},
+      {"name": "ntk_frozen", "inference": "plain", "overrides": rope("ntk")},
+      {"name": "dynamic_ntk", "inference": "plain",
+       "overrides": rope("dynamic", f=factor / 2, original_max_position_embeddings=l0)},
+      {"name": "yarn", "inference": "plain", "overrides": rope("yarn", original_max_position_embeddings=l0)},
+      {"name": "self_extend", "inference": "plain",
+       "overrides": {"position_strategy": {"kind": "self_extend", "window": se_window, "group": se_group}}},
+      {"name": "lm_infinite", "inference": "plain",
+       "overrides": {"position_strategy": {"kind": "lm_infinite", "global_tokens": sinks, "local_window": l0,
+                                           "max_distance": l0}}},
+      {"name": "fot_memory", "inference": "memory", "overrides": {"mem_layers": tuple(memory_layers)}},
+      {"name": "fot_memory_all", "inference": "memory", "overrides": {"mem_layers": tuple(all_layers)}},
+  ]
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.base = ml_collections.ConfigDict({"checkpoint": "", "train": base_train_config()})
+  c.lengths = LENGTHS
+  c.methods = methods()
+  c.suites = ("ppl", "passkey", "niah", "rd")
+  c.pad = 64  # plain path: inputs padded to a power of two, at least this (one compile per width)
+  c.ppl = ml_collections.ConfigDict({"score_tokens": 64, "n_docs": 8, "tolerance": 1.1})
+  e = suite_lib.default_config()
+  e.task, e.batch = "stdlib", 8
+  for g in (e.passkey, e.niah):
+    g.depths, g.trials = (0.0, 0.5, 1.0), 2
+  e.niah.n_needles, e.niah.corpus_docs = 2, 40
+  e.rd.ds, e.rd.n_docs = (1, 2, 4, 8), 8
+  c.eval = e
+  return c
