@@ -34,15 +34,17 @@ def _dictionary_feeds(config, task, arm, seed, schedule):
     return lookup
   feeds = {"dictionary": lookup}
   if config.warmup.enabled:
-    feeds["copy"] = CopyBatches(warmup_task(config, task), a.slots, a.window, seed)
+    feeds["copy"] = CopyBatches(warmup_task(config, task, arm), a.slots, a.window, seed)
   return feeds
 
 
-def warmup_task(config, task) -> CopyTask:
+def warmup_task(config, task, arm: str) -> CopyTask:
   """The copy warm-up over the last `warmup.num_symbols` ids of the dictionary vocabulary: all
-  value symbols and the last key symbols (fewer symbols: a much earlier induction phase change)."""
+  value symbols and the last key symbols (fewer symbols: a much earlier induction phase change).
+  The baseline's repeat comes in `warmup.baseline_chunks` shuffled pieces (no fixed-offset copy)."""
   n = min(int(config.warmup.num_symbols), task.num_symbols + task.num_value_symbols)
-  return CopyTask(span=config.fot.window, num_symbols=n, symbol_offset=task.vocab_size - n)
+  chunks = int(config.warmup.get("baseline_chunks", 1)) if arm == "baseline" else 1
+  return CopyTask(span=config.fot.window, num_symbols=n, symbol_offset=task.vocab_size - n, chunks=chunks)
 
 
 def baseline_schedule(fot_phases, fot_steps: int) -> Schedule:
@@ -106,18 +108,26 @@ def _seed_summary(results, seeds):
 
 def _dictionary_rd(config, cfg, task, trained):
   """r_d against d for FoT and the baseline: each document's queries (one window of
-  task.defs_len tokens) with its own definitions and d - 1 other documents' in memory."""
+  task.defs_len tokens) with its own definitions and d - 1 other documents' in memory.
+
+  Two document sets: independent documents (other documents may define the query's key too,
+  with another value: attention there is content-correct but counts as negative), and, for the
+  d that the key space allows, documents that share no key (as the training batches)."""
   from fot_jax.eval.rd import positive_attention_mass
   ds = [int(d) for d in config.eval.rd_ds]
-  # Like the training batches: no key defined in two documents, when the key space allows it.
-  disjoint = max(ds) * task.n_defs <= task.num_symbols ** task.key_len
-  docs = list(task.batch(int(config.eval.seed), 5, max(ds), disjoint_keys=disjoint)[0].astype(np.int32))
+  d_max = task.num_symbols ** task.key_len // task.n_defs  # documents that can avoid sharing a key
+  sets = {"independent": (ds, False), "disjoint_keys": ([d for d in ds if d <= d_max], True)}
   out = {}
   for name in ("fot", "baseline"):
-    if name in trained:
-      out[name] = positive_attention_mass(cfg, trained[name]["params"], docs, task.queries_len, ds, 1,
-                                          int(config.eval.batch), name=name)
-      out[name]["disjoint_keys"] = disjoint
+    if name not in trained:
+      continue
+    out[name] = {}
+    for label, (set_ds, disjoint) in sets.items():
+      if not set_ds:
+        continue
+      docs = list(task.batch(int(config.eval.seed), 5, max(set_ds), disjoint_keys=disjoint)[0].astype(np.int32))
+      out[name][label] = positive_attention_mass(cfg, trained[name]["params"], docs, task.queries_len, set_ds, 1,
+                                                 int(config.eval.batch), name=f"{name} ({label})")
   return out
 
 
@@ -147,8 +157,9 @@ def _write_results(results, workdir, arms):
   sd = results["seeds"]
   print(f"FoT over seeds {sd['seeds']}: accuracy at {sd['memory_tokens'][-1]:,} tokens "
         f"mean {sd['mean'][-1]:.3f}, min {sd['min'][-1]:.3f}, max {sd['max'][-1]:.3f}")
-  for name, rd in results["rd"].items():
-    print(f"{name} r_d: " + ", ".join(f"d={d} {r:.3f}" for d, r in zip(rd["d"], rd["r_d"])))
+  for name, sets in results["rd"].items():
+    for label, rd in sets.items():
+      print(f"{name} r_d ({label} documents): " + ", ".join(f"d={d} {r:.3f}" for d, r in zip(rd["d"], rd["r_d"])))
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -172,10 +183,12 @@ def _write_results(results, workdir, arms):
   ax.set_title(f"Dictionary lookup with memory (top-k {results['config']['eval']['topk']})")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  for i, (name, rd) in enumerate(results["rd"].items()):
-    bx.plot(rd["d"], rd["r_d"], marker="os"[i % 2], color=("C0", "C3")[i % 2], label=name)
+  for i, (name, sets) in enumerate(results["rd"].items()):
+    for label, rd in sets.items():
+      bx.plot(rd["d"], rd["r_d"], marker="os"[i % 2], color=("C0", "C3")[i % 2],
+              linestyle="-" if label == "disjoint_keys" else ":", label=f"{name}, {label.replace('_', ' ')}")
   if results["rd"]:
-    ds = next(iter(results["rd"].values()))["d"]
+    ds = results["rd"]["fot"]["independent"]["d"]
     bx.plot(ds, [1 / d for d in ds], "k--", label="1/d (no preference)")
   bx.set_xscale("log", base=2)
   bx.set_yscale("log", base=2)

@@ -28,7 +28,9 @@ def test_dictionary_job_writes_results_and_plot(tmp_path):
   assert [(p["task"], p["spec"], p["start"], p["end"]) for p in saved["baseline"]["phases"]] == [
       ("copy", {}, 0, 2), ("dictionary", {}, 2, 4), ("dictionary", {}, 4, 6)]
   assert saved["seeds"]["seeds"] == [0, 1] and len(saved["seeds"]["min"]) == 3
-  assert saved["rd"]["fot"]["d"] == [1, 2, 4] and saved["rd"]["fot"]["r_d"][0] == pytest.approx(1.0)
+  for label in ("independent", "disjoint_keys"):
+    rd = saved["rd"]["fot"][label]
+    assert rd["d"] == [1, 2, 4] and rd["r_d"][0] == pytest.approx(1.0) and rd["n_docs"] == 4
   assert (tmp_path / "dictionary_lookup.png").stat().st_size > 1000
   assert (tmp_path / "fot" / "metrics.jsonl").exists()
   # Running again resumes from the checkpoints (finished curricula) instead of training again.

@@ -47,3 +47,20 @@ def test_dictionary_batches_with_disjoint_keys():
   assert batches(0)["inputs"].shape == (8, 32)
   with pytest.raises(ValueError, match="distinct keys"):
     DictionaryBatches(task, 5, 32, 0, disjoint_keys=True)
+
+
+def test_chunked_copy_shuffles_pieces_and_skips_their_first_tokens():
+  task = CopyTask(span=8, num_symbols=50, chunks=4)
+  tokens, scored = task.batch(0, 3, 16)
+  first, repeat = tokens[:, :8], tokens[:, 8:]
+  moved = 0
+  for f, r in zip(first, repeat):
+    pieces = [tuple(f[i:i + 2]) for i in range(0, 8, 2)]
+    got = [tuple(r[i:i + 2]) for i in range(0, 8, 2)]
+    assert sorted(got) == sorted(pieces)  # the same pieces, in some order
+    moved += got != pieces
+  assert moved > 8, "the order must vary between documents"
+  assert not scored[:, :8].any()
+  np.testing.assert_array_equal(scored[0, 8:], [False, True] * 4)
+  with pytest.raises(ValueError, match="chunks"):
+    CopyTask(span=8, chunks=3).validate()
