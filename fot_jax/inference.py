@@ -8,7 +8,10 @@ and per kv head, held on device in buffers whose capacity doubles as it grows
 (so a long run compiles O(log n) shapes, not one per window).
 
 * `dense`: every live memory entry joins the softmax (LongLLaMA's choice);
-  `topk`: exact top-k memory entries per query and kv head (the paper's kNN).
+  `topk`: exact top-k memory entries per query and kv head (the paper's kNN);
+  `approx_topk`: jax.lax.approx_max_k per memory chunk, aiming at `recall` (TPU-native).
+* Generation keeps a key/value cache of the current window: one query per new token
+  against cache + memory; a full window moves into memory.
 * single_doc: each row is one document; memory is cleared between documents.
   multi_doc: rows are streams of concatenated documents; memory is never cleared.
 """
@@ -30,12 +33,13 @@ from fot_jax.model.memory import MEMORY_MODES, MemoryBlock
 DOC_MODES = ("single_doc", "multi_doc")
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "stop_after"))
-def forward_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, stop_after=None):
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "stop_after", "recall"))
+def forward_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, stop_after=None, recall=0.95):
   """One window through the model with memory -> (logits or None, {layer: (keys, values)})."""
   logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask,
                                       memories=memories, mem_mode=mode, mem_topk=topk,
-                                      mem_chunk=chunk, want_mem_kv=True, stop_after=stop_after)
+                                      mem_chunk=chunk, want_mem_kv=True, stop_after=stop_after,
+                                      mem_recall=recall)
   return logits, aux["mem_kv"]
 
 
@@ -108,19 +112,20 @@ class Memory:
     return sum(int(k.nbytes + v.nbytes + m.nbytes) for k, v, m in self.buffers.values())
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk"), donate_argnums=(2,))
-def decode_step(params, tokens, cache, fill, memories, cfg, mode, topk, chunk):
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall"), donate_argnums=(2,))
+def decode_step(params, tokens, cache, fill, memories, cfg, mode, topk, chunk, recall):
   """New tokens [B, t] at cache slots fill.. -> (logits [B, t, V], updated cache)."""
   logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, memories=memories, mem_mode=mode,
-                                      mem_topk=topk, mem_chunk=chunk, cache=cache, cache_fill=fill)
+                                      mem_topk=topk, mem_chunk=chunk, cache=cache, cache_fill=fill,
+                                      mem_recall=recall)
   return logits, aux["cache"]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk"))
-def _prefill_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk):
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall"))
+def _prefill_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, recall):
   logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask, memories=memories,
                                       mem_mode=mode, mem_topk=topk, mem_chunk=chunk, want_mem_kv=True,
-                                      want_cache=True)
+                                      want_cache=True, mem_recall=recall)
   return logits, aux["mem_kv"], aux["cache"]
 
 
@@ -166,13 +171,16 @@ class MemoryInference:
   """Window-by-window processing of long inputs with FoT memory."""
 
   def __init__(self, cfg: ModelConfig, params, window: int, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=jnp.float32):
+               chunk: int = 65536, mem_dtype=jnp.float32, recall: float = 0.95):
     if mode not in MEMORY_MODES:
       raise ValueError(f"inference.mode: must be one of {MEMORY_MODES}, got {mode!r}")
     if window <= 0:
       raise ValueError(f"inference.window: must be positive, got {window}")
     self.cfg, self.params, self.window = cfg, params, window
+    if not 0 < recall <= 1:
+      raise ValueError(f"inference.recall: the approx_topk recall target must be in (0, 1], got {recall}")
     self.mode, self.topk, self.chunk, self.mem_dtype = mode, topk, chunk, mem_dtype
+    self.recall = recall
 
   def new_memory(self, batch: int) -> Memory:
     return Memory(self.cfg, batch, self.mem_dtype)
@@ -198,7 +206,7 @@ class MemoryInference:
         tok = np.pad(tok, [(0, 0), (0, self.window - n)])
         msk = np.pad(msk, [(0, 0), (0, self.window - n)])
       logits, mem_kv = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),
-                               self.cfg, self.mode, self.topk, self.chunk, stop_after)
+                               self.cfg, self.mode, self.topk, self.chunk, stop_after, self.recall)
       memory.add(mem_kv, jnp.asarray(msk))
       if want_logits and logits is not None:
         outs.append(np.asarray(logits[:, :n]))
@@ -232,7 +240,7 @@ class MemoryInference:
     mask = np.arange(width)[None, :] < lens[:, None]
     fill = (lens - full * w).astype(np.int32)
     memory, cache, last = self.new_memory(batch), None, None
-    args = (self.cfg, self.mode, self.topk, self.chunk)
+    args = (self.cfg, self.mode, self.topk, self.chunk, self.recall)
     t0 = time.perf_counter()
     for win in range(full.max() + 1):
       cols = slice(win * w, (win + 1) * w)

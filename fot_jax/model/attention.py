@@ -36,7 +36,7 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory: Optional[Sequence[mem.MemoryBlock]] = None,
                mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
-               want_mem_kv: bool = False, cache=None, want_cache: bool = False):
+               want_mem_kv: bool = False, cache=None, want_cache: bool = False, mem_recall: float = 0.95):
     """cache: generation (k [B, W, KV, D], v, memory keys or None, fill [B]): the t new tokens
     go to slots fill..fill+t-1 and attend to the cache; aux['cache'] returns it updated.
     want_cache: aux['cache'] = this window's (keys, values, memory keys or None)."""
@@ -101,6 +101,8 @@ class Attention(nn.Module):
           aux.update(_rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0)))
       elif mem_mode == "topk":
         extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk)
+      elif mem_mode == "approx_topk":
+        extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk, recall=mem_recall)
       else:
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
 
