@@ -1,5 +1,4 @@
 """KV-cached generation against `process` (memory inference of the whole sequence)."""
-import dataclasses
 
 import jax
 import numpy as np
@@ -13,6 +12,7 @@ W = 4
 
 
 def _infer(mode="dense", **kw):
+  kw = {"num_layers": 2, "mem_layers": (1,), **kw}
   cfg = get_size("tiny", **kw)
   params = jax.tree_util.tree_map(lambda x: x * 4.0 if x.ndim == 2 else x, init_params(cfg, 0))
   return MemoryInference(cfg, params, window=W, mode=mode, topk=3)
@@ -20,7 +20,7 @@ def _infer(mode="dense", **kw):
 
 @pytest.mark.parametrize("mode,kw", [
     ("dense", {"mem_positions": "first"}),
-    ("topk", {"mem_positions": "none", "mem_layers": (0, 2), "attention_impl": "blockwise",
+    ("topk", {"mem_positions": "none", "mem_layers": (0, 1), "attention_impl": "blockwise",
               "attention_block": 3}),
 ])
 def test_cached_generation_logits_equal_process(mode, kw):
@@ -46,9 +46,7 @@ def test_prompt_forms_and_sampling():
   prompt = np.arange(1, 7)
   one = infer.generate(prompt, 3)  # a 1-D prompt gives a 1-D result
   assert one.shape == (9,)
-  both = infer.generate(np.stack([prompt, prompt[::-1]]), 3)
-  np.testing.assert_array_equal(both[0], one)
-  np.testing.assert_array_equal(both[1], infer.generate([prompt[::-1]], 3)[0])
+  np.testing.assert_array_equal(infer.generate(prompt[None], 3), one[None])  # [B, L] gives [B, L + n]
   a = infer.generate(prompt, 5, temperature=1.0, seed=3)
   np.testing.assert_array_equal(a, infer.generate(prompt, 5, temperature=1.0, seed=3))
   # top_p so small that only the most likely token is left: greedy
@@ -67,3 +65,15 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
   assert abs((draws == 1).mean() - 2 / 3) < 0.1  # renormalised 0.6 : 0.3
   draws = sample(logits[:50], np.random.default_rng(0), temperature=1.0, top_p=1.0)
   assert {0, 3} & set(draws.tolist())
+
+
+def test_approx_topk_mode():
+  """On CPU XLA computes approx_max_k exactly, so the mode equals exact top-k here (on TPU
+  it is the approximate kNN at the recall target; benchmarks/approx_topk measures it)."""
+  exact = _infer("topk")
+  approx = MemoryInference(exact.cfg, exact.params, window=W, mode="approx_topk", topk=3, recall=0.9)
+  tokens = np.random.default_rng(1).integers(0, exact.cfg.vocab_size, (2, 14))
+  want = exact.process(tokens, exact.new_memory(2))
+  np.testing.assert_allclose(approx.process(tokens, approx.new_memory(2)), want, atol=1e-5)
+  with pytest.raises(ValueError, match="inference.recall"):
+    MemoryInference(exact.cfg, exact.params, window=W, mode="approx_topk", recall=1.5)
