@@ -129,6 +129,12 @@ def _prefill_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk
   return logits, aux["mem_kv"], aux["cache"]
 
 
+@functools.partial(jax.jit, static_argnums=(1,))
+def _pad_slots(cache, w):
+  return jax.tree_util.tree_map(lambda x: jnp.pad(x, [(0, 0), (0, w - x.shape[1])] + [(0, 0)] * (x.ndim - 2)),
+                                cache)
+
+
 @jax.jit
 def _select_rows(rows, new, old):
   return jax.tree_util.tree_map(lambda n, o: jnp.where(rows.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
@@ -243,10 +249,15 @@ class MemoryInference:
     args = (self.cfg, self.mode, self.topk, self.chunk, self.recall)
     t0 = time.perf_counter()
     for win in range(full.max() + 1):
-      cols = slice(win * w, (win + 1) * w)
+      current = win == full
+      # A window that only holds current windows runs on a power-of-two prefix (causal: the
+      # padded tail changes nothing before it) and its cache is padded to the window.
+      n = w if (win < full).any() else min(w, 1 << int(fill[current].max() - 1).bit_length())
+      cols = slice(win * w, win * w + n)
       logits, mem_kv, win_cache = _prefill_window(self.params, jnp.asarray(toks[:, cols]),
                                                   jnp.asarray(mask[:, cols]), memory.blocks(), *args)
-      current = win == full
+      if n < w:
+        win_cache = _pad_slots(win_cache, w)
       cache = win_cache if cache is None else _select_rows(jnp.asarray(current), win_cache, cache)
       at = np.where(current, fill - 1, 0)
       here = np.asarray(logits[np.arange(batch), at])
