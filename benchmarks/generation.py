@@ -22,6 +22,7 @@ tokens of cached and transformers are compared (float32 both; ties can flip).
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -39,6 +40,7 @@ def parse_args(argv=None):
   p.add_argument("--new", type=int, default=32, help="new tokens per row")
   p.add_argument("--recompute_tokens", type=int, default=3, help="tokens timed for the recompute baseline")
   p.add_argument("--layers", type=int, default=30, help="fewer layers for a quick run")
+  p.add_argument("--torch_threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
   return p.parse_args(argv)
 
 
@@ -82,12 +84,15 @@ def main(argv=None):
   a = parse_args(argv)
   import torch
   import fot_jax
+  if a.torch_threads:
+    torch.set_num_threads(a.torch_threads)
   log(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} "
       f"({torch.get_num_threads()} threads)")
   prompt = np.random.default_rng(0).integers(0, 49152, (a.batch, a.prompt)).astype(np.int32)
   with tempfile.TemporaryDirectory() as tmp:
     hf = make_smollm2_shape(tmp, a.layers)
     model = fot_jax.from_pretrained(tmp)
+  log(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
   log(f"model: {a.layers} layers of 576, window {a.window}, batch {a.batch}, prompt {a.prompt}, new {a.new}")
 
   model.generate(prompt, max_new_tokens=2, window=a.window)  # compile prefill + decode

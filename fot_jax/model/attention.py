@@ -106,7 +106,7 @@ class Attention(nn.Module):
       else:
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
 
-    backend = ops.fused_backend() if impl == "fused" else None
+    backend = ops.fused_backend(q.dtype) if impl == "fused" else None
     if extra is None and cache is None and backend:  # nothing to merge with: the backend's kernel
       out = ops.fused_causal(q, k, v, token_mask, backend)
     else:

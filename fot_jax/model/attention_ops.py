@@ -149,9 +149,11 @@ _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 # ----------------------------------------------------------------------------- fused kernels
 
-def fused_backend() -> Optional[str]:
-  """The fused kernel this backend has ('cudnn' on GPU), or None (CPU, TPU: blockwise)."""
-  return "cudnn" if jax.default_backend() == "gpu" else None
+def fused_backend(dtype=jnp.bfloat16) -> Optional[str]:
+  """The fused kernel this backend has for `dtype` ('cudnn' on GPU, half precision only),
+  or None (CPU, TPU, float32: blockwise)."""
+  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return "cudnn" if jax.default_backend() == "gpu" and half else None
 
 
 def fused_causal(q, k, v, token_mask, implementation: str):
