@@ -11,11 +11,19 @@ temporaries grow with the window at fixed tokens; blockwise keeps [T, block].
 
   python -m benchmarks.attention_memory                # ~5 minutes on 2 CPU cores
   python -m benchmarks.attention_memory --windows 2048 --hidden 3200 --layers 26 --heads 32
+
+With --experiment, the experiment's own step on --devices fake CPU devices instead
+(what `--mode=plan` prints), e.g. LongLLaMA-3B with blockwise attention:
+
+  python -m benchmarks.attention_memory --experiment experiments/longllama_3b.py \
+      --devices 256 --impls blockwise
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import time
 
 from experiments.base_lm import base_config, segments_spec
@@ -36,6 +44,8 @@ def parse_args(argv=None):
   p.add_argument("--block", type=int, default=512, help="blockwise key block")
   p.add_argument("--impls", default="dense,blockwise")
   p.add_argument("--json", default=None)
+  p.add_argument("--experiment", default=None, help="an experiment file: plan its own step instead")
+  p.add_argument("--devices", type=int, default=1, help="fake CPU devices for --experiment")
   return p.parse_args(argv)
 
 
@@ -54,8 +64,23 @@ def config_for(a, window, impl):
   return c
 
 
+def plan_experiment(a):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={a.devices}")  # before jax starts
+  spec = importlib.util.spec_from_file_location("experiment", a.experiment)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for impl in a.impls.split(","):
+    config = module.get_config()
+    config.model.overrides.attention_impl = impl
+    config.model.overrides.attention_block = a.block
+    print(f"attention_impl={impl} (block {a.block})\n{plan.format_plan(plan.plan(config))}\n", flush=True)
+
+
 def main(argv=None):
   a = parse_args(argv)
+  if a.experiment:
+    return plan_experiment(a)
   gib = 1 << 30
   rows = []
   print("| window | rows | impl | temporaries GiB | total GiB | compile s |\n|---|---|---|---|---|---|")
