@@ -288,7 +288,9 @@ class MemoryInference:
     gen = np.stack(new, 1) if new else np.zeros((batch, 0), np.int32)
     out = [np.concatenate([r, g]) for r, g in zip(rows, gen)]
     out = out[0] if form == "1d" else np.stack(out) if form == "2d" else out
-    return (out, np.stack(seen[:max_new_tokens], 1)) if return_logits else out
+    if not return_logits:
+      return out
+    return out, np.stack(seen[:max_new_tokens], 1) if max_new_tokens else np.zeros((batch, 0, last.shape[-1]))
 
   def documents(self, docs: List[np.ndarray], doc_mode: str = "single_doc", batch: int = 1):
     """Logits for each document, in `single_doc` (memory cleared per document) or
