@@ -16,7 +16,7 @@ import pytest
 
 from fot_jax.model import attention_ops as ops
 from fot_jax.model import memory as mem
-from tests.test_attention_reference import (PLANS, _cfg, _inputs, _model_setup, _module, _params,
+from tests.test_attention_reference import (PLANS, _cfg, _inputs, _model_setup, _params,
                                             _weights, reference)
 
 B, T, KV, G, D = 3, 7, 2, 2, 4
@@ -140,7 +140,8 @@ def test_gating_blockwise_equals_dense():
   for impl in ("dense", "blockwise"):
     mod, params = _params(_cfg(mem_gating=True, attention_impl=impl, attention_block=3), 6)
     params = dict(params, mem_gate=jnp.linspace(-1, 1, 4))
-    outs.append(_module(mod, params, x, positions, mask, plan)[0])
+    outs.append(jax.jit(lambda p: mod.apply({"params": p}, jnp.asarray(x), jnp.asarray(positions),
+                                            jnp.asarray(mask), plan=plan.as_tuple())[0])(params))
   valid = mask[..., None]
   np.testing.assert_allclose(np.where(valid, outs[1], 0), np.where(valid, outs[0], 0), atol=2e-5)
 
