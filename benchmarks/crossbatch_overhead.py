@@ -36,7 +36,11 @@ tokens = 8192 tokens per step), --ds 1,8,64, --repeats 5, --warmup 1,
       --overrides '{"num_layers": 2, "dtype": "bfloat16"}'
 
 Columns: variant; N*T extra-context keys per query (for the last window of
-each slot); median step seconds; ratio to the plain step; tokens/s
+each slot); median step seconds; ratio to the plain step; the ratio the FLOP
+count predicts: XLA's count of each compiled step over the plain one's (what
+the program computes: extra keys for every row), and the ideal (the plain
+count plus q.k and p.v FLOPs of only the live extra contexts, x3 for the
+backward pass), so the gap between measured and ideal shows; tokens/s
 (B * T / median); compile seconds (trace + lower + XLA compile).
 """
 from __future__ import annotations
@@ -147,6 +151,20 @@ def main(argv=None):
     compile_s[name] = t2 - t0
     log(f"  {name}: trace+lower {t1 - t0:.1f}s, compile {t2 - t1:.1f}s")
 
+  # What the FLOP count predicts. XLA: the compiled program's own count (extra keys computed
+  # for every row, as the attention does). Ideal: the plain step's count plus the attention
+  # FLOPs of only the live extra contexts (q.k and p.v, 2 x 2 x T x N_live*T x H x D per row
+  # and memory layer; x3 for forward + backward).
+  def xla_flops(c):
+    cost = c.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float((cost or {}).get("flops", float("nan")))
+
+  flops = {name: xla_flops(compiled[name]) for name, _, _ in variants}
+  hd = cfg.num_heads * cfg.dim_per_head
+  ideal = {name: flops["plain"] + 3 * 4 * len(cfg.mem_layers) * hd * args.window ** 2
+           * float((np.asarray(plans[name][0]) >= 0).sum()) for name, _, _ in variants}
+
   def call(name, state):
     t0 = time.perf_counter()
     state, metrics = compiled[name](state, batch, *plans[name])
@@ -183,10 +201,12 @@ def main(argv=None):
                     "median_s": med, "min_s": min(ts) if ts else float("nan"),
                     "max_s": max(ts) if ts else float("nan"), "ratio_to_plain": med / plain_med,
                     "tokens_per_s": tokens / med, "compile_s": compile_s[name],
+                    "xla_flops": flops[name], "xla_flop_ratio": flops[name] / flops["plain"],
+                    "ideal_flop_ratio": ideal[name] / flops["plain"],
                     "warmup_last_s": warm_s[name], "times_s": ts})
 
   header = f"{'variant':<10} {'N*T keys':>9} {'median s':>9} {'min s':>8} {'max s':>8} {'ratio':>7} " \
-           f"{'tokens/s':>11} {'compile s':>10}"
+           f"{'XLA FLOPs':>9} {'ideal':>7} {'tokens/s':>11} {'compile s':>10}"
   print()
   print(f"{args.size} {overrides or ''} | B={rows} rows x T={args.window} ({tokens} tokens), w={args.w}, "
         f"accum={args.accum}, {args.repeats} repeats, {jax.default_backend()}")
@@ -194,7 +214,8 @@ def main(argv=None):
   print("-" * len(header))
   for r in results:
     print(f"{r['variant']:<10} {r['extra_keys_per_query']:>9} {r['median_s']:>9.3f} {r['min_s']:>8.3f} "
-          f"{r['max_s']:>8.3f} {r['ratio_to_plain']:>6.2f}x {r['tokens_per_s']:>11,.0f} {r['compile_s']:>10.1f}")
+          f"{r['max_s']:>8.3f} {r['ratio_to_plain']:>6.2f}x {r['xla_flop_ratio']:>8.2f}x "
+          f"{r['ideal_flop_ratio']:>6.2f}x {r['tokens_per_s']:>11,.0f} {r['compile_s']:>10.1f}")
   total = time.time() - t_start
   print(f"\ntotal wall time {total:.1f}s", flush=True)
 

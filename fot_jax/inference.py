@@ -8,13 +8,18 @@ and per kv head, held on device in buffers whose capacity doubles as it grows
 (so a long run compiles O(log n) shapes, not one per window).
 
 * `dense`: every live memory entry joins the softmax (LongLLaMA's choice);
-  `topk`: exact top-k memory entries per query and kv head (the paper's kNN).
+  `topk`: exact top-k memory entries per query and kv head (the paper's kNN);
+  `approx_topk`: jax.lax.approx_max_k per memory chunk, aiming at `recall` (TPU-native).
+* Generation keeps a key/value cache of the current window: one query per new token
+  against cache + memory; a full window moves into memory.
 * single_doc: each row is one document; memory is cleared between documents.
   multi_doc: rows are streams of concatenated documents; memory is never cleared.
 """
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from typing import Dict, List, Optional
 
 import jax
@@ -28,24 +33,26 @@ from fot_jax.model.memory import MEMORY_MODES, MemoryBlock
 DOC_MODES = ("single_doc", "multi_doc")
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "stop_after"))
-def forward_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, stop_after=None):
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "stop_after", "recall"))
+def forward_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, stop_after=None, recall=0.95):
   """One window through the model with memory -> (logits or None, {layer: (keys, values)})."""
   logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask,
                                       memories=memories, mem_mode=mode, mem_topk=topk,
-                                      mem_chunk=chunk, want_mem_kv=True, stop_after=stop_after)
+                                      mem_chunk=chunk, want_mem_kv=True, stop_after=stop_after,
+                                      mem_recall=recall)
   return logits, aux["mem_kv"]
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1, 2))  # in place: a copy per window made long inputs O(n^2)
 def _append(buf_k, buf_v, buf_m, k, v, m, at):
-  return (jax.lax.dynamic_update_slice_in_dim(buf_k, k.astype(buf_k.dtype), at, axis=1),
-          jax.lax.dynamic_update_slice_in_dim(buf_v, v.astype(buf_v.dtype), at, axis=1),
-          jax.lax.dynamic_update_slice_in_dim(buf_m, m, at, axis=1))
+  """Writes each row's block at its own offset at[b] (rows fill memory at their own pace)."""
+  put = jax.vmap(lambda buf, x, i: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), i, axis=0))
+  return put(buf_k, k, at), put(buf_v, v, at), put(buf_m, m, at)
 
 
 class Memory:
-  """Per-layer key/value memory: buffers [B, capacity, KV, D] and a live mask [B, capacity]."""
+  """Per-layer key/value memory: buffers [B, capacity, KV, D] and a live mask [B, capacity];
+  row b holds fill[b] entries (rows differ in batched generation)."""
 
   def __init__(self, cfg: ModelConfig, batch: int, dtype=jnp.float32, initial_capacity: int = 1024):
     self.cfg, self.batch, self.dtype = cfg, batch, jnp.dtype(dtype)
@@ -53,8 +60,12 @@ class Memory:
     self.clear()
 
   def clear(self):
-    self.size = 0
+    self.fill = np.zeros(self.batch, np.int32)
     self.buffers: Dict[int, tuple] = {}
+
+  @property
+  def size(self) -> int:
+    return int(self.fill.max())
 
   def _grow(self, need: int):
     cap = self.capacity
@@ -65,13 +76,13 @@ class Memory:
       new_cap *= 2
     kv, d = self.cfg.kv_heads, self.cfg.dim_per_head
     for layer in self.cfg.mem_layers:
-      k = jnp.zeros((self.batch, new_cap, kv, d), self.dtype)
-      v = jnp.zeros((self.batch, new_cap, kv, d), self.dtype)
-      m = jnp.zeros((self.batch, new_cap), bool)
-      if layer in self.buffers and self.size:
-        ok, ov, om = self.buffers[layer]
-        k, v, m = _append(k, v, m, ok[:, :self.size], ov[:, :self.size], om[:, :self.size], 0)
-      self.buffers[layer] = (k, v, m)
+      if layer in self.buffers:
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, new_cap - cap)] + [(0, 0)] * (x.ndim - 2))
+        self.buffers[layer] = tuple(pad(x) for x in self.buffers[layer])
+      else:
+        self.buffers[layer] = (jnp.zeros((self.batch, new_cap, kv, d), self.dtype),
+                               jnp.zeros((self.batch, new_cap, kv, d), self.dtype),
+                               jnp.zeros((self.batch, new_cap), bool))
 
   @property
   def capacity(self) -> int:
@@ -79,14 +90,18 @@ class Memory:
       return 0
     return next(iter(self.buffers.values()))[0].shape[1]
 
-  def add(self, mem_kv: Dict[int, tuple], token_mask):
-    """Appends one window: mem_kv {layer: (k [B, T, KV, D], v)}; padded tokens stay dead."""
+  def add(self, mem_kv: Dict[int, tuple], token_mask, rows=None):
+    """Appends one window: mem_kv {layer: (k [B, T, KV, D], v)}; padded tokens stay dead.
+    rows: bool [B], the rows that append (default all); the others keep their fill."""
     t = token_mask.shape[1]
+    rows = np.ones(self.batch, bool) if rows is None else np.asarray(rows, bool)
     self._grow(self.size + t)
+    at = jnp.asarray(self.fill)
+    live = jnp.asarray(token_mask) & jnp.asarray(rows)[:, None]
     for layer, (k, v) in mem_kv.items():
       bk, bv, bm = self.buffers[layer]
-      self.buffers[layer] = _append(bk, bv, bm, k, v, token_mask, self.size)
-    self.size += t
+      self.buffers[layer] = _append(bk, bv, bm, k, v, live, at)
+    self.fill = self.fill + t * rows.astype(np.int32)
 
   def blocks(self) -> Optional[Dict[int, List[MemoryBlock]]]:
     if not self.size:
@@ -97,17 +112,81 @@ class Memory:
     return sum(int(k.nbytes + v.nbytes + m.nbytes) for k, v, m in self.buffers.values())
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall"), donate_argnums=(2,))
+def decode_step(params, tokens, cache, fill, memories, cfg, mode, topk, chunk, recall):
+  """New tokens [B, t] at cache slots fill.. -> (logits [B, t, V], updated cache)."""
+  logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, memories=memories, mem_mode=mode,
+                                      mem_topk=topk, mem_chunk=chunk, cache=cache, cache_fill=fill,
+                                      mem_recall=recall)
+  return logits, aux["cache"]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall"))
+def _prefill_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, recall):
+  logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask, memories=memories,
+                                      mem_mode=mode, mem_topk=topk, mem_chunk=chunk, want_mem_kv=True,
+                                      want_cache=True, mem_recall=recall)
+  return logits, aux["mem_kv"], aux["cache"]
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _pad_slots(cache, w):
+  return jax.tree_util.tree_map(lambda x: jnp.pad(x, [(0, 0), (0, w - x.shape[1])] + [(0, 0)] * (x.ndim - 2)),
+                                cache)
+
+
+@jax.jit
+def _select_rows(rows, new, old):
+  return jax.tree_util.tree_map(lambda n, o: jnp.where(rows.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
+                                new, old)
+
+
+def sample(logits, rng, temperature: float = 0.0, top_p: float = 1.0):
+  """logits [B, V] -> tokens [B]: greedy at temperature 0, else softmax(logits / temperature)
+  restricted to the smallest set of most likely tokens whose mass reaches top_p."""
+  logits = np.asarray(logits, np.float64)
+  if temperature <= 0:
+    return logits.argmax(-1).astype(np.int32)
+  p = np.exp((logits - logits.max(-1, keepdims=True)) / temperature)
+  p /= p.sum(-1, keepdims=True)
+  out = np.empty(len(p), np.int32)
+  for i, row in enumerate(p):
+    order = np.argsort(-row, kind="stable")
+    mass = np.cumsum(row[order])
+    keep = order[:int(np.searchsorted(mass, top_p)) + 1]  # the token that crosses top_p stays
+    out[i] = rng.choice(keep, p=row[keep] / row[keep].sum())
+  return out
+
+
+def _prompt_rows(prompt):
+  """-> (list of 1-D int32 prompts, '1d' | '2d' | 'list')."""
+  if isinstance(prompt, (list, tuple)) and len(prompt) and np.ndim(prompt[0]) == 1:
+    rows, form = [np.asarray(r, np.int32) for r in prompt], "list"
+  else:
+    arr = np.asarray(prompt, np.int32)
+    if arr.ndim not in (1, 2):
+      raise ValueError(f"generate: prompt must be 1-D tokens, [batch, length] tokens or a list of "
+                       f"1-D prompts; got shape {arr.shape}")
+    rows, form = (([arr], "1d") if arr.ndim == 1 else (list(arr), "2d"))
+  if not rows or min(len(r) for r in rows) < 1:
+    raise ValueError("generate: every prompt needs at least one token")
+  return rows, form
+
+
 class MemoryInference:
   """Window-by-window processing of long inputs with FoT memory."""
 
   def __init__(self, cfg: ModelConfig, params, window: int, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=jnp.float32):
+               chunk: int = 65536, mem_dtype=jnp.float32, recall: float = 0.95):
     if mode not in MEMORY_MODES:
       raise ValueError(f"inference.mode: must be one of {MEMORY_MODES}, got {mode!r}")
     if window <= 0:
       raise ValueError(f"inference.window: must be positive, got {window}")
     self.cfg, self.params, self.window = cfg, params, window
+    if not 0 < recall <= 1:
+      raise ValueError(f"inference.recall: the approx_topk recall target must be in (0, 1], got {recall}")
     self.mode, self.topk, self.chunk, self.mem_dtype = mode, topk, chunk, mem_dtype
+    self.recall = recall
 
   def new_memory(self, batch: int) -> Memory:
     return Memory(self.cfg, batch, self.mem_dtype)
@@ -133,48 +212,85 @@ class MemoryInference:
         tok = np.pad(tok, [(0, 0), (0, self.window - n)])
         msk = np.pad(msk, [(0, 0), (0, self.window - n)])
       logits, mem_kv = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),
-                               self.cfg, self.mode, self.topk, self.chunk, stop_after)
+                               self.cfg, self.mode, self.topk, self.chunk, stop_after, self.recall)
       memory.add(mem_kv, jnp.asarray(msk))
       if want_logits and logits is not None:
         outs.append(np.asarray(logits[:, :n]))
     return np.concatenate(outs, axis=1) if outs else None
 
-  def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
-    """prompt [B, L] (L >= 1) -> [B, L + max_new_tokens] tokens, greedy (temperature 0) or sampled.
+  def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int = 0, return_logits: bool = False):
+    """Appends max_new_tokens to each prompt, greedy (temperature 0) or sampled (temperature,
+    top_p), with a key/value cache of the current window.
 
-    Window-aligned like `process`: the current, partly filled window is recomputed
-    for every new token (no local key/value cache) and enters memory once full, so
-    the logits behind each token equal `process` on the sequence so far.
+    prompt: 1-D tokens, [B, L] tokens, or a list of 1-D prompts of different lengths; the
+    result has the same form. Each row is window-aligned at its own token 0, like `process`:
+    the prompt's full windows are prefilled into memory, the rest into the cache; each new
+    token is one query against cache + memory, and a full cache moves into memory. So the
+    logits behind each token equal `process` on that row's sequence so far (return_logits:
+    also those logits, [B, max_new_tokens, V]). Timings and tokens/s land in `self.stats`.
     """
-    tokens = np.asarray(prompt, np.int32)
-    b, length = tokens.shape
-    if length < 1:
-      raise ValueError("generate: the prompt needs at least one token")
+    rows, form = _prompt_rows(prompt)
+    if max_new_tokens < 0:
+      raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0 or not 0 < top_p <= 1:
+      raise ValueError(f"generate: needs temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     rng = np.random.default_rng(seed)
-    memory = self.new_memory(b)
-    start = (length - 1) // self.window * self.window  # the last window keeps >= 1 prompt token
-    if start:
-      self.process(tokens[:, :start], memory, want_logits=False)
-    local = [tokens[:, start:]]
-    for _ in range(max_new_tokens):
-      cur = np.concatenate(local, axis=1)
-      n = cur.shape[1]
-      msk = np.arange(self.window) < n
-      logits, mem_kv = forward_window(self.params, jnp.asarray(np.pad(cur, [(0, 0), (0, self.window - n)])),
-                                      jnp.asarray(np.broadcast_to(msk, (b, self.window))), memory.blocks(),
-                                      self.cfg, self.mode, self.topk, self.chunk)
-      last = np.asarray(logits[:, n - 1], np.float64)
-      if temperature > 0:
-        p = np.exp((last - last.max(-1, keepdims=True)) / temperature)
-        nxt = np.array([rng.choice(p.shape[-1], p=row / row.sum()) for row in p], np.int32)
-      else:
-        nxt = last.argmax(-1).astype(np.int32)
-      if n == self.window:  # the window is full: it goes to memory, the new token opens the next
-        memory.add(mem_kv, jnp.ones((b, self.window), bool))
-        local = []
-      local.append(nxt[:, None])
-      tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
-    return tokens
+    w, batch = self.window, len(rows)
+    lens = np.array([len(r) for r in rows])
+    full = (lens - 1) // w  # windows that go to memory; the last (1..w tokens) goes to the cache
+    width = (full.max() + 1) * w
+    toks = np.zeros((batch, width), np.int32)
+    for i, r in enumerate(rows):
+      toks[i, :len(r)] = r
+    mask = np.arange(width)[None, :] < lens[:, None]
+    fill = (lens - full * w).astype(np.int32)
+    memory, cache, last = self.new_memory(batch), None, None
+    args = (self.cfg, self.mode, self.topk, self.chunk, self.recall)
+    t0 = time.perf_counter()
+    for win in range(full.max() + 1):
+      current = win == full
+      # A window that only holds current windows runs on a power-of-two prefix (causal: the
+      # padded tail changes nothing before it) and its cache is padded to the window.
+      n = w if (win < full).any() else min(w, 1 << int(fill[current].max() - 1).bit_length())
+      cols = slice(win * w, win * w + n)
+      logits, mem_kv, win_cache = _prefill_window(self.params, jnp.asarray(toks[:, cols]),
+                                                  jnp.asarray(mask[:, cols]), memory.blocks(), *args)
+      if n < w:
+        win_cache = _pad_slots(win_cache, w)
+      cache = win_cache if cache is None else _select_rows(jnp.asarray(current), win_cache, cache)
+      at = np.where(current, fill - 1, 0)
+      here = np.asarray(logits[np.arange(batch), at])
+      last = here if last is None else np.where(current[:, None], here, last)
+      if (win < full).any():
+        memory.add(mem_kv, jnp.asarray(mask[:, cols]), rows=win < full)
+    t1 = time.perf_counter()
+    new, seen = [], [last]
+    for step in range(max_new_tokens):
+      new.append(sample(seen[-1], rng, temperature, top_p))
+      if step == max_new_tokens - 1:
+        break
+      moving = fill == w  # a full window moves into memory; the token opens the next one
+      if moving.any():
+        mem_kv = {layer: (cache[layer][2], cache[layer][1]) for layer in self.cfg.mem_layers}
+        memory.add(mem_kv, jnp.ones((batch, w), bool), rows=moving)
+        fill = np.where(moving, 0, fill).astype(np.int32)
+      logits, cache = decode_step(self.params, jnp.asarray(new[-1][:, None]), cache, jnp.asarray(fill),
+                                  memory.blocks(), *args)
+      fill = fill + 1
+      seen.append(np.asarray(logits[:, 0]))
+    t2 = time.perf_counter()
+    made = batch * max_new_tokens
+    self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
+                  "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9)}
+    logging.info("generate: %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s", lens.sum(),
+                 t1 - t0, made, self.stats["tokens_per_s"])
+    gen = np.stack(new, 1) if new else np.zeros((batch, 0), np.int32)
+    out = [np.concatenate([r, g]) for r, g in zip(rows, gen)]
+    out = out[0] if form == "1d" else np.stack(out) if form == "2d" else out
+    if not return_logits:
+      return out
+    return out, np.stack(seen[:max_new_tokens], 1) if max_new_tokens else np.zeros((batch, 0, last.shape[-1]))
 
   def documents(self, docs: List[np.ndarray], doc_mode: str = "single_doc", batch: int = 1):
     """Logits for each document, in `single_doc` (memory cleared per document) or

@@ -38,7 +38,6 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--accelerator", default="v4-32", help="e.g. v4-32, v5p-64, v3-128")
   p.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM software version")
   p.add_argument("--spot", action="store_true", help="spot capacity (preemptible; runs resume)")
-  p.add_argument("--jax_version", default="0.10.2")
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   return p
 
@@ -71,9 +70,8 @@ def create_commands(args) -> List[List[str]]:
 def install_commands(args) -> List[List[str]]:
   setup = (f"mkdir -p {REMOTE_DIR} && tar xzf ~/fot_jax_checkout.tar.gz -C {REMOTE_DIR} && cd {REMOTE_DIR} && "
            f"(test -x {REMOTE_PYTHON} || python3 -m venv .venv) && "
-           f"{REMOTE_PYTHON} -m pip install -q -r requirements.txt 'jax[tpu]=={args.jax_version}' "
-           f"-f https://storage.googleapis.com/jax-releases/libtpu_releases.html && "
-           f"{REMOTE_PYTHON} -m pip install -q --no-deps -e .")
+           f"{REMOTE_PYTHON} -m pip install -q -e '.[core,tpu]' "  # no torch/faiss/pytest on workers
+           f"-f https://storage.googleapis.com/jax-releases/libtpu_releases.html")
   return [["tar", "czf", TARBALL, "--exclude=.git", "--exclude=.venv", "--exclude=runs", "."],
           _gcloud(args, "scp", TARBALL, f"{args.name}:~/fot_jax_checkout.tar.gz", "--worker=all"),
           _ssh(args, setup)]

@@ -33,7 +33,7 @@ def test_v4_32_dry_run_prints_every_command(capsys):
   assert cmds[2][:2] == ["tar", "czf"]
   assert cmds[3] == base + ["scp", cmds[2][2], "fot-v4:~/fot_jax_checkout.tar.gz", "--worker=all"] + where
   assert cmds[4][:6] == base + ["ssh", "fot-v4"] and cmds[4][6] == "--worker=all"
-  assert "pip install" in cmds[4][7] and "jax[tpu]==0.10.2" in cmds[4][7]
+  assert "pip install -q -e '.[core,tpu]'" in cmds[4][7] and "requirements.txt" not in cmds[4][7]
   run = cmds[5]
   assert run[:7] == base + ["ssh", "fot-v4", "--worker=all"]
   assert run[7] == ("--command=cd ~/fot_jax && nohup .venv/bin/python -m fot_jax.main "

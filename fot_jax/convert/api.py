@@ -153,12 +153,17 @@ class Pretrained:
     tokens = np.asarray(tokens, np.int32)
     return infer.process(tokens, infer.new_memory(tokens.shape[0]), token_mask)
 
-  def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0,
-               window: Optional[int] = None, mode: str = "dense", topk: int = 32, chunk: int = 65536,
-               mem_dtype=jnp.float32) -> np.ndarray:
-    """prompt int [B, L] -> [B, L + max_new_tokens], with memory over everything before."""
-    return self._inference(window, mode, topk, chunk, mem_dtype).generate(prompt, max_new_tokens,
-                                                                          temperature, seed)
+  def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int = 0, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
+               chunk: int = 65536, mem_dtype=jnp.float32):
+    """prompt: 1-D tokens, [B, L] tokens or a list of 1-D prompts -> the same form with
+    max_new_tokens appended; greedy (temperature 0) or sampled (temperature, top_p), with a
+    key/value cache of the current window and memory of the earlier ones
+    (MemoryInference.generate). Timings and tokens/s: `self.generation_stats`."""
+    infer = self._inference(window, mode, topk, chunk, mem_dtype)
+    out = infer.generate(prompt, max_new_tokens, temperature, top_p, seed)
+    self.generation_stats = infer.stats
+    return out
 
   def save_hf(self, out: str, **kwargs) -> str:
     """See export_hf (dtype, max_shard_size, fot_jax_only, window, tokenizer, mem_dtype)."""

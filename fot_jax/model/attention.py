@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fot_jax.model import attention_ops as ops
 from fot_jax.model import memory as mem
 from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
@@ -36,7 +37,10 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory: Optional[Sequence[mem.MemoryBlock]] = None,
                mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
-               want_mem_kv: bool = False):
+               want_mem_kv: bool = False, cache=None, want_cache: bool = False, mem_recall: float = 0.95):
+    """cache: generation (k [B, W, KV, D], v, memory keys or None, fill [B]): the t new tokens
+    go to slots fill..fill+t-1 and attend to the cache; aux['cache'] returns it updated.
+    want_cache: aux['cache'] = this window's (keys, values, memory keys or None)."""
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     b, t, _ = x.shape
@@ -70,37 +74,64 @@ class Attention(nn.Module):
     if memory_layer:  # read by host-side retrieval (fot_jax.eval.approx); a no-op unless collected
       self.sow("intermediates", "mem_queries", q)
 
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    local_mask = causal[None, None, None] & token_mask[:, None, None, None, :]
-    local_scores = mem.scores(q, k)
-    if cfg.position_strategy and not (memory_layer and cfg.mem_positions == "none"):
-      local_scores, visible = position_strategies.local_scores(cfg, q_pre, k_pre, positions, scale)
-      local_mask = local_mask & visible
-    local = mem.block_partial(local_scores, local_mask, v)
+    impl, block = cfg.attention_impl, cfg.attention_block
+    strategy = cfg.position_strategy and not (memory_layer and cfg.mem_positions == "none")
+    if strategy and cache is not None:
+      raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)}: not supported with cached "
+                       f"generation; score the prompt with process() / logits_with_memory()")
     aux = {}
+    if cache is not None:
+      keys, values, mem_keys, fill = cache
+      fill = fill.astype(jnp.int32)
+      put = jax.vmap(lambda buf, new, at: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), at, 0))
+      keys, values = put(keys, k, fill), put(values, v, fill)
+      if memory_layer:
+        mem_keys = put(mem_keys, k_mem, fill)
+      key_mask = jnp.arange(keys.shape[1])[None, :] < (fill + t)[:, None]
+      q_pos = fill[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+      aux["cache"] = (keys, values, mem_keys)
+    else:
+      keys, values, key_mask = k, v, token_mask
+      q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      if want_cache:
+        aux["cache"] = (k, v, k_mem if memory_layer else None)
 
     extra = None
     if memory_layer and plan is not None and plan[0].shape[-1] > 0:
-      extra, aux = self._crossbatch(q, k_mem, v, token_mask, plan)
+      extra, rd = self._crossbatch(q, k_mem, v, token_mask, plan)
+      aux.update(rd)
     elif memory_layer and memory:
       if mem_mode == "dense":
         extra = mem.dense_memory_partial(q, memory, mem_chunk)
         if extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)
-          aux = _rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0))
+          aux.update(_rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0)))
       elif mem_mode == "topk":
         extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk)
+      elif mem_mode == "approx_topk":
+        extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk, recall=mem_recall)
       else:
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
 
-    if extra is None:
-      out = mem.finish(local)
-    elif cfg.mem_gating:
-      gate = jax.nn.sigmoid(gate_logit).reshape(1, 1, kv, g, 1)
-      has_extra = (extra.l > 0).transpose(0, 3, 1, 2)[..., None]  # rows with no extra: local only
-      gate = jnp.where(has_extra, gate, 0.0)
-      out = gate * mem.finish(extra) + (1 - gate) * mem.finish(local)
+    backend = ops.fused_backend(q.dtype) if impl == "fused" else None
+    if extra is None and cache is None and backend and not strategy:  # nothing to merge with: the backend's kernel
+      out = ops.fused_causal(q, k, v, token_mask, backend)
     else:
-      out = mem.finish(mem.merge(local, extra))
+      if strategy:  # Self-Extend / LM-Infinite: their own positions and visibility over the window
+        local_scores, visible = position_strategies.local_scores(cfg, q_pre, k_pre, positions, scale)
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        local = mem.block_partial(local_scores, causal[None, None, None] & token_mask[:, None, None, None, :]
+                                  & visible, v)
+      else:
+        local = ops.attend(q, keys, values, key_mask, q_pos, impl=impl, block=block)
+      if extra is None:
+        out = mem.finish(local)
+      elif cfg.mem_gating:
+        gate = jax.nn.sigmoid(gate_logit).reshape(1, 1, kv, g, 1)
+        has_extra = (extra.l > 0).transpose(0, 3, 1, 2)[..., None]  # rows with no extra: local only
+        gate = jnp.where(has_extra, gate, 0.0)
+        out = gate * mem.finish(extra) + (1 - gate) * mem.finish(local)
+      else:
+        out = mem.finish(mem.merge(local, extra))
     out = out.reshape(b, t, h * d).astype(dtype)
     out = dense(cfg.hidden_size, ("heads", "embed"), "o_proj", dtype, cfg.init_std)(out)
     if want_mem_kv and memory_layer:
@@ -141,8 +172,8 @@ class Attention(nn.Module):
       ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
     emask = (live[..., None] & gather(token_mask)).reshape(b, n * t)
     epos = jnp.broadcast_to(positive[..., None], (groups, rows, n, t)).reshape(b, n * t)
-    part = mem.block_partial(mem.scores(q, ek), emask[:, None, None, None, :], ev,
-                             positive=epos[:, None, None, None, :])
+    part = ops.attend(q, ek, ev, emask, positive=epos, impl=self.cfg.attention_impl,
+                      block=self.cfg.attention_block)
     qmask = token_mask[:, None, None, :] & jnp.any(emask, axis=1)[:, None, None, None]
     return part, _rd_aux(part, qmask)
 

@@ -7,6 +7,7 @@ from typing import Any, Optional, Tuple
 from fot_jax.model import position_strategies, rope
 
 MEM_POSITIONS = ("first", "none")
+ATTENTION_IMPLS = ("dense", "blockwise", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,11 @@ class ModelConfig:
   mem_qk_norm: bool = False  # q/k normalisation + learnable per-head temperature
   mem_gating: bool = False  # Memorizing-Transformer gate instead of concatenation
   mem_stop_gradient: bool = False  # non-differentiable extra contexts (ablation)
+  # Score/softmax implementation (fot_jax.model.attention_ops): 'dense' (reference),
+  # 'blockwise' (key blocks of attention_block, O(T x block) scores in both passes),
+  # 'fused' (the backend's kernel where it has one, blockwise elsewhere).
+  attention_impl: str = "dense"
+  attention_block: int = 512
 
   def __post_init__(self):  # a dict (experiment file, fot_jax_model.json) becomes the pairs
     object.__setattr__(self, "rope_scaling", rope.scaling_tuple(self.rope_scaling))
@@ -84,6 +90,10 @@ class ModelConfig:
       fail("mem_layers", f"repeated layer in {self.mem_layers}")
     if self.mem_positions not in MEM_POSITIONS:
       fail("mem_positions", f"must be one of {MEM_POSITIONS}, got {self.mem_positions!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      fail("attention_impl", f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+    if self.attention_block <= 0:
+      fail("attention_block", f"must be positive, got {self.attention_block}")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       fail("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
 

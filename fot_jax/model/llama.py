@@ -43,11 +43,12 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory=None, mem_mode="dense",
-               mem_topk=32, mem_chunk=65536, want_mem_kv=False):
+               mem_topk=32, mem_chunk=65536, want_mem_kv=False, cache=None, want_cache=False,
+               mem_recall=0.95):
     cfg = self.cfg
     h, aux = Attention(cfg, self.is_memory, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_layernorm")(x), positions, token_mask,
-        plan, memory, mem_mode, mem_topk, mem_chunk, want_mem_kv)
+        plan, memory, mem_mode, mem_topk, mem_chunk, want_mem_kv, cache, want_cache, mem_recall)
     x = x + h
     x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="post_attention_layernorm")(x))
     x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
@@ -58,8 +59,12 @@ class LlamaModel(nn.Module):
   """tokens [B, T] -> logits [B, T, V] (float32) and aux metrics.
 
   plan: (sources [B, N] int32, positive [B, N] bool) crossbatch plan, or None.
-  memories: {layer: [MemoryBlock, ...]} for memory inference, or None.
+  memories: {layer: [MemoryBlock, ...]} for memory inference, or None; mem_mode 'dense',
+  'topk' or 'approx_topk' (with mem_recall, its recall target).
   stop_after: run only layers 0..stop_after (used to fill memory cheaply); no logits.
+  want_cache: aux['cache'] = {layer: (keys, values, memory keys or None)} of this window.
+  cache, cache_fill [B]: generation; the tokens go to slots cache_fill.. of each layer's
+  cache (positions = slots) and aux['cache'] holds the updated caches.
   """
   cfg: ModelConfig
 
@@ -67,9 +72,13 @@ class LlamaModel(nn.Module):
   def __call__(self, tokens, positions=None, token_mask=None, plan=None,
                memories: Optional[Dict[int, Sequence[MemoryBlock]]] = None,
                mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
-               want_mem_kv: bool = False, stop_after: Optional[int] = None):
+               want_mem_kv: bool = False, stop_after: Optional[int] = None,
+               cache: Optional[Dict[int, tuple]] = None, cache_fill=None, want_cache: bool = False,
+               mem_recall: float = 0.95):
     cfg = self.cfg
     b, t = tokens.shape
+    if cache is not None and positions is None:
+      positions = cache_fill[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if token_mask is None:
@@ -80,24 +89,29 @@ class LlamaModel(nn.Module):
     x = nn.with_logical_constraint(embed(tokens).astype(jnp.dtype(cfg.dtype)), ("batch", "length", "act_embed"))
     layer_cls = DecoderLayer
     if cfg.remat:
-      layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9))
+      layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9, 11, 12))
     rd_num = jnp.zeros((), jnp.float32)
     rd_den = jnp.zeros((), jnp.float32)
-    mem_kv = {}
+    mem_kv, caches = {}, {}
     last = cfg.num_layers - 1 if stop_after is None else stop_after
     for i in range(last + 1):
       is_mem = i in cfg.mem_layers
       layer_memory = (memories or {}).get(i) if is_mem else None
       x, aux = layer_cls(cfg, is_mem, name=f"layers_{i}")(
           x, positions, token_mask, plan if is_mem else None, layer_memory, mem_mode, mem_topk,
-          mem_chunk, want_mem_kv)
+          mem_chunk, want_mem_kv, None if cache is None else cache[i] + (cache_fill,), want_cache,
+          mem_recall)
       if "rd_num" in aux:
         rd_num, rd_den = rd_num + aux["rd_num"], rd_den + aux["rd_den"]
       if "mem_kv" in aux:
         mem_kv[i] = aux["mem_kv"]
+      if "cache" in aux:
+        caches[i] = aux["cache"]
     out_aux = {"rd_num": rd_num, "rd_den": rd_den}
     if want_mem_kv:
       out_aux["mem_kv"] = mem_kv
+    if caches:
+      out_aux["cache"] = caches
     if stop_after is not None:
       return None, out_aux
     x = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="norm")(x)

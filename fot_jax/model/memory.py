@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 NEG = -1e30  # finite "minus infinity" keeps fully masked blocks NaN-free
-MEMORY_MODES = ("dense", "topk")
+MEMORY_MODES = ("dense", "topk", "approx_topk")
 
 
 class Partial(NamedTuple):
@@ -118,8 +118,11 @@ def dense_memory_partial(q, blocks: Sequence[MemoryBlock], chunk: int) -> Option
   return total
 
 
-def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int) -> Optional[Partial]:
-  """Exact top-k per query and kv-head group over all blocks (inner product)."""
+def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int,
+                        recall: Optional[float] = None) -> Optional[Partial]:
+  """Top-k per query and kv-head group over all blocks (inner product): exact, or with
+  `recall` the approximate top-k of each chunk (jax.lax.approx_max_k: the TPU's native
+  kNN, aiming at that recall; other backends compute it exactly)."""
   b, t, kv, g, d = q.shape
   best_s = jnp.full((b, kv, g, t, k), NEG, jnp.float32)
   best_v = jnp.zeros((b, kv, g, t, k, d), jnp.float32)
@@ -131,7 +134,10 @@ def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int) ->
       kc, vc, mc = xs
       s = jnp.where(mc[:, None, None, None, :], scores(q, kc), NEG)
       kk = min(k, s.shape[-1])
-      cs, ci = jax.lax.top_k(s, kk)  # [B, KV, G, T, kk]
+      if recall is None:
+        cs, ci = jax.lax.top_k(s, kk)  # [B, KV, G, T, kk]
+      else:
+        cs, ci = jax.lax.approx_max_k(s, kk, recall_target=recall)
       vc = jnp.broadcast_to(vc, (b,) + vc.shape[1:]).astype(jnp.float32)
       vc = jnp.moveaxis(vc, 2, 1)  # [B, KV, C, D]
       cv = jnp.take_along_axis(vc, ci.reshape(b, kv, g * t * kk, 1), axis=2)

@@ -1,0 +1,166 @@
+"""Every attention implementation equals the reference (DESIGN.md, "One attention path").
+
+The op is checked against `dense` on random blocks (causal window with padding,
+fully visible extra contexts, a generation cache's per-row query slots, partials
+merged under one softmax, gradients including the log-sum-exp path), and the
+memory-layer module with `blockwise` against the NumPy re-derivation of the
+crossbatch semantics in test_attention_reference (forward, r_d, gradients).
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fot_jax.model import attention_ops as ops
+from fot_jax.model import memory as mem
+from tests.test_attention_reference import (PLANS, _cfg, _inputs, _model_setup, _params,
+                                            _weights, reference)
+
+B, T, KV, G, D = 3, 7, 2, 2, 4
+
+
+def _blocks(seed=0, s_extra=10):
+  rng = np.random.default_rng(seed)
+  f = lambda *shape: jnp.asarray(rng.normal(0, 1, shape), jnp.float32)
+  q, k, v = f(B, T, KV, G, D), f(B, T, KV, D), f(B, T, KV, D)
+  ek, ev = f(B, s_extra, KV, D), f(B, s_extra, KV, D)
+  mask = np.ones((B, T), bool)
+  mask[1, 5:] = False  # right padding
+  mask[2, 0] = False  # left padding: query 0 of row 2 sees no key at all
+  emask = rng.random((B, s_extra)) < 0.7
+  emask[[0, 2]] = False  # rows without extra contexts (row 2's query 0 sees nothing at all)
+  positive = rng.random((B, s_extra)) < 0.5
+  q_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  return q, k, v, jnp.asarray(mask), q_pos, ek, ev, jnp.asarray(emask), jnp.asarray(positive)
+
+
+def _merged(impl, block, q, k, v, mask, q_pos, ek, ev, emask, positive):
+  local = ops.attend(q, k, v, mask, q_pos, impl=impl, block=block)
+  extra = ops.attend(q, ek, ev, emask, positive=positive, impl=impl, block=block)
+  return mem.finish(mem.merge(local, extra)), mem.finish(local), extra
+
+
+@pytest.mark.parametrize("block", [3])  # several blocks, a ragged last block
+def test_blockwise_op_equals_dense(block):
+  args = _blocks()
+  out, local, extra = jax.jit(functools.partial(_merged, "blockwise", block))(*args)
+  want, want_local, want_extra = jax.jit(functools.partial(_merged, "dense", block))(*args)
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(local, want_local, atol=1e-5, rtol=1e-5)
+  live = np.asarray(want_extra.l > 0)
+  np.testing.assert_array_equal(np.asarray(extra.l > 0), live)
+  np.testing.assert_allclose(np.where(live, extra.pos / jnp.maximum(extra.l, 1e-30), 0),
+                             np.where(live, want_extra.pos / jnp.maximum(want_extra.l, 1e-30), 0),
+                             atol=1e-5)
+
+  def loss(impl, q, k, v, ek, ev):
+    a = args
+    o = _merged(impl, block, q, k, v, a[3], a[4], ek, ev, a[7], a[8])[0]
+    w = jnp.sin(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+    return jnp.sum(o * w)  # through the merge: the log-sum-exp gets a cotangent too
+
+  diff = (0, 1, 2, 5, 6)
+  grad = lambda impl: jax.grad(lambda *x: loss(impl, *x), argnums=range(5))
+  # Eager on purpose: there, a query that sees no key (row 2, token 0) once turned the
+  # blockwise gradients into NaN, which XLA's simplifications hid under jit.
+  grads = grad("blockwise")(*(args[i] for i in diff))
+  want_g = jax.jit(grad("dense"))(*(args[i] for i in diff))
+  for name, a, b in zip(("q", "k", "v", "ek", "ev"), grads, want_g):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=name)
+
+
+def test_blockwise_op_cache_slots_and_jit():
+  """Generation: one query per row at its own slot of a cache, keys beyond the fill dead."""
+  rng = np.random.default_rng(2)
+  q = jnp.asarray(rng.normal(0, 1, (B, 1, KV, G, D)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(0, 1, (B, 9, KV, D)), jnp.float32) for _ in range(2))
+  fill = jnp.asarray([0, 4, 8], jnp.int32)
+  mask = jnp.arange(9)[None] <= fill[:, None]
+  want = mem.finish(ops.attend(q, k, v, mask, fill[:, None], impl="dense"))
+  got = jax.jit(lambda q, k, v: mem.finish(ops.attend(q, k, v, mask, fill[:, None], impl="blockwise",
+                                                      block=4)))(q, k, v)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  np.testing.assert_allclose(got[0, 0], np.broadcast_to(v[0, 0][:, None], (KV, G, D)), atol=1e-6)
+
+
+def test_fused_call_layout_and_cpu_fallback():
+  """The fused call's layout (GQA heads, mask, scale) equals the reference, run through
+  jax.nn.dot_product_attention's XLA implementation; on CPU 'fused' selects no kernel."""
+  q, k, v, mask, q_pos = _blocks()[:5]
+  want = mem.finish(ops.attend(q, k, v, mask, q_pos, impl="dense"))
+  got = ops.fused_causal(q, k, v, mask, "xla")
+  valid = np.asarray(mask)[:, :, None, None, None]  # padding queries are don't-care
+  np.testing.assert_allclose(np.where(valid, got, 0), np.where(valid, want, 0), atol=1e-5)
+  assert np.isfinite(np.asarray(got)).all()
+  assert ops.fused_backend() is None  # CPU
+
+
+# ----------------------------------------------------------------------------- the module
+
+@pytest.mark.parametrize("positions_mode,plan_name,masked,impl", [
+    ("first", "segments", True, "blockwise"),
+    ("none", "analysis_d3_w1", True, "fused"),  # no kernel on CPU: blockwise
+])
+def test_module_blockwise_matches_reference(positions_mode, plan_name, masked, impl):
+  plan = PLANS[plan_name]()
+  batch = plan.sources.shape[0]
+  cfg = _cfg(mem_positions=positions_mode, attention_impl=impl, attention_block=2)
+  mod, params = _params(cfg, batch)
+  x, positions, mask = _inputs(batch, masked=masked)
+  out, aux = jax.jit(lambda p: mod.apply({"params": p}, jnp.asarray(x), jnp.asarray(positions),
+                                         jnp.asarray(mask), plan=plan.as_tuple()))(params)
+  want, rd_num, rd_den = reference(params, x, positions, mask, plan.sources, plan.positive, cfg)
+  valid = mask[..., None]
+  np.testing.assert_allclose(np.where(valid, out, 0), np.where(valid, want, 0), atol=2e-5, rtol=1e-4)
+  assert float(aux["rd_den"]) == rd_den
+  np.testing.assert_allclose(float(aux["rd_num"]), rd_num, rtol=1e-4, atol=1e-6)
+  weights = _weights(batch, mask)
+  sg = jnp.asarray(positions), jnp.asarray(mask)
+
+  def loss_module(params, x):
+    return jnp.sum(mod.apply({"params": params}, x, *sg, plan=plan.as_tuple())[0] * weights)
+
+  def loss_ref(params, x):
+    out, _, _ = reference(params, x, positions, mask, plan.sources, plan.positive, cfg, xp=jnp)
+    return jnp.sum(out * weights)
+
+  g_mod = jax.jit(jax.grad(loss_module, argnums=(0, 1)))(params, jnp.asarray(x))
+  g_ref = jax.jit(jax.grad(loss_ref, argnums=(0, 1)))(params, jnp.asarray(x))
+  for a, b in zip(jax.tree_util.tree_leaves(g_mod), jax.tree_util.tree_leaves(g_ref)):
+    np.testing.assert_allclose(a, b, atol=1e-4 * np.abs(b).max(), rtol=1e-3)
+
+
+def test_gating_blockwise_equals_dense():
+  plan = PLANS["segments"]()
+  x, positions, mask = _inputs(6, masked=True)
+  outs = []
+  for impl in ("dense", "blockwise"):
+    mod, params = _params(_cfg(mem_gating=True, attention_impl=impl, attention_block=3), 6)
+    params = dict(params, mem_gate=jnp.linspace(-1, 1, 4))
+    outs.append(jax.jit(lambda p: mod.apply({"params": p}, jnp.asarray(x), jnp.asarray(positions),
+                                            jnp.asarray(mask), plan=plan.as_tuple())[0])(params))
+  valid = mask[..., None]
+  np.testing.assert_allclose(np.where(valid, outs[1], 0), np.where(valid, outs[0], 0), atol=2e-5)
+
+
+def test_memory_inference_blockwise_equals_dense():
+  """The whole model at inference: a blockwise local window merged with dense memory."""
+  from fot_jax.inference import MemoryInference
+  cfg, _, variables, _ = _model_setup()
+  params = variables["params"]
+  long = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 11))
+  dense = MemoryInference(cfg, params, window=4)
+  want = dense.process(long, dense.new_memory(2))
+  blockwise = dataclasses.replace(cfg, attention_impl="blockwise", attention_block=3)
+  infer = MemoryInference(blockwise, params, window=4)
+  np.testing.assert_allclose(infer.process(long, infer.new_memory(2)), want, atol=2e-5, rtol=1e-4)
+
+
+def test_unknown_impl_is_rejected():
+  with pytest.raises(ValueError, match="model.attention_impl"):
+    _cfg(attention_impl="flash")
+  with pytest.raises(ValueError, match="model.attention_block"):
+    _cfg(attention_block=0)
