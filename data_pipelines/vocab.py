@@ -171,7 +171,8 @@ class HFVocab(seqio.Vocabulary):
     return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
   def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-    def encode(text: bytes) -> np.ndarray:
+    def encode(text) -> np.ndarray:  # bytes in a graph (tf.data), a 0-d object array eagerly
+      text = text.item() if isinstance(text, np.ndarray) else text
       return np.asarray(self._encode(text.decode("utf-8", "replace")), np.int32)
     out = tf.numpy_function(encode, [s], tf.int32, stateful=False)
     out.set_shape([None])

@@ -3,8 +3,6 @@ transformers' tokenizer on the same file, in the data pipeline and the evaluatio
 the end of the silent byte fallback (a checkpoint without a tokenizer fails, naming it)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,8 +15,6 @@ from fot_jax.convert import checkpoint
 from fot_jax.eval import passkey, retrieval, suite
 from fot_jax.model.config import get_size
 from fot_jax.train import init_params
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["def f(x):\n    return x * 2  # double\n", "The pass key is 4821. Remember it.\n",
          "naïve café — ünïcödé 日本語 \t tabs  and   spaces\n", "class A:\n    pass\n" * 3]
 
@@ -94,34 +90,32 @@ def test_pipeline_and_prompts_match_transformers(tok_path, tmp_path):
   assert ref.decode(ids[start:].tolist()) == answer and vocab.decode(ids[1:]) == prompt + answer
 
 
-def _ckpt(tmp_path, vocab_size, **meta):
+def _ckpt(tmp_path, name, vocab_size, **meta):
   cfg = get_size("tiny", vocab_size=vocab_size)
-  path = str(tmp_path / f"ck{vocab_size}{len(meta)}")
+  path = str(tmp_path / name)
   checkpoint.save(path, init_params(cfg, 0), cfg, 16, **meta)
   return path
 
 
 def test_checkpoint_vocabulary_no_silent_byte(tmp_path, tok_path):
   c = suite.default_config()
-  bare = _ckpt(tmp_path, 260)
+  bare = _ckpt(tmp_path, "bare", 260)
   with pytest.raises(ValueError, match=f"{bare}: no tokenizer found.*--eval.vocab=byte"):
-    suite.Context(bare, c)
-  # through the CLI: one line, no traceback
-  proc = subprocess.run([sys.executable, "-m", "fot_jax.evaluate", f"--checkpoint={bare}", "--suite=passkey",
-                         f"--workdir={tmp_path / 'w'}"], capture_output=True, text=True, cwd=ROOT,
-                        env=dict(os.environ, PYTHONPATH=ROOT))
-  assert proc.returncode != 0 and "evaluate error:" in proc.stderr and "no tokenizer found" in proc.stderr
-  assert "Traceback" not in proc.stderr
+    suite.Context(bare, c)  # (the evaluate CLI prints a ValueError as one `evaluate error:` line)
   # byte when asked, or when the checkpoint records it was trained with it
   c.vocab = "byte"
   assert suite.Context(bare, c).vocab_spec == "byte"
+  # a vocabulary too large for the model fails naming both
+  c.vocab = tok_path
+  with pytest.raises(ValueError, match=f"tokenizer.json has 300 tokens but {bare}'s embedding has vocab_size=260"):
+    suite.Context(bare, c)
   c.vocab = ""
-  assert suite.Context(_ckpt(tmp_path, 260, vocab="byte"), c).vocab_spec == "byte"
-  # a checkpoint that ships tokenizer.json uses it; one too small for it fails naming both
-  shipped = _ckpt(tmp_path, 300, tokenizer=tok_path)
+  info = json.load(open(os.path.join(bare, "fot_jax_model.json")))
+  with open(os.path.join(bare, "fot_jax_model.json"), "w") as f:
+    json.dump(dict(info, vocab="byte"), f)  # what training writes
+  assert suite.Context(bare, c).vocab_spec == "byte"
+  # a checkpoint that ships tokenizer.json (with its tokenizer_config.json) uses it
+  shipped = _ckpt(tmp_path, "shipped", 300, tokenizer=tok_path)
   assert sorted(os.listdir(shipped)) == ["fot_jax_model.json", "params", "tokenizer.json", "tokenizer_config.json"]
   ctx = suite.Context(shipped, c)
-  assert isinstance(ctx.vocab, HFVocab) and ctx.vocab.bos_id == 1
-  small = _ckpt(tmp_path, 260, tokenizer=tok_path)
-  with pytest.raises(ValueError, match=f"tokenizer.json has 300 tokens but {small}'s embedding has vocab_size=260"):
-    suite.Context(small, c)
+  assert isinstance(ctx.vocab, HFVocab) and ctx.vocab.bos_id == 1 and ctx.vocab_spec.endswith("tokenizer.json")
