@@ -36,7 +36,7 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
   for name, (arm, schedule) in arms.items():
     batches = DictionaryBatches(task, arm.slots, arm.window, config.seed)
     out = _train_arm(cfg, _arm_train_cfg(config, name), name, schedule, batches, os.path.join(workdir, name),
-                     train)
+                     train, "dictionary_lookup")
     trained[name] = out
   evalset = dictionary.DictionaryEvalSet(task, config.eval.n_docs, max(config.eval.memory_tokens),
                                          config.eval.seed)
@@ -57,14 +57,15 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
   return results
 
 
-def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train):
+def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab):
   if not do_train:
     ckpt = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt) or not os.listdir(ckpt):
       raise SystemExit(f"--mode=evaluate: no checkpoint for '{name}' under {ckpt}; "
                        f"train first (--mode=train) or point --workdir at a trained run")
     tc = dict(tc, steps=0)
-  out = train(cfg, tc, schedule, batches, workdir, name=name)
+  vocab = os.path.abspath(vocab) if os.path.isfile(vocab) else vocab  # evaluation finds it from anywhere
+  out = train(cfg, tc, schedule, batches, workdir, name=name, model_meta={"vocab": vocab})
   hist = out["history"]
   out["final_accuracy"] = float(np.mean([h["accuracy"] for h in hist[-5:]])) if hist else None
   return out
@@ -159,7 +160,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
     except ValueError as e:  # missing data, empty source, bad vocabulary: one line, no traceback
       raise SystemExit(f"data error: {e}") from None
     trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule, batches, os.path.join(workdir, name),
-                               train)
+                               train, config.data.vocab)
     report = {"pipeline": batches.report(), "bad_input": batches.bad_input().report()}
     print(f"[{name}] data: {report['pipeline']}; bad input: {report['bad_input']}", flush=True)
     results["data"][name] = report

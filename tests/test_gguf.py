@@ -9,7 +9,7 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 import fot_jax  # noqa: E402
 from fot_jax.convert import ConvertError, import_gguf  # noqa: E402
@@ -117,6 +117,11 @@ def test_gguf_import_matches_transformers(tiny):
     assert list(vocab.encode(text)) == orig.encode(text, add_special_tokens=False)
     assert vocab.decode(vocab.encode(text)) == text
   assert (vocab.bos_id, vocab.eos_id) == (1, 2)
+  # export_hf ships tokenizer.json + tokenizer_config.json, which transformers' AutoTokenizer reads back
+  model.save_hf(str(d / "exported"))
+  back = AutoTokenizer.from_pretrained(str(d / "exported"))
+  assert back.bos_token == "<|im_start|>" and back.eos_token == "<|im_end|>"
+  assert back.encode(TEXTS[2], add_special_tokens=False) == list(vocab.encode(TEXTS[2]))
   # and from_pretrained reads the .gguf file directly, with model overrides
   direct = fot_jax.from_pretrained(path, mem_layers="all")
   assert direct.cfg.mem_layers == (0, 1)
