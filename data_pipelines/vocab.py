@@ -43,8 +43,8 @@ def get_vocabulary(spec: str) -> seqio.Vocabulary:
     return TokenVocab(DictionaryTask().vocab_size)
   path = os.path.expanduser(str(spec))
   if not os.path.isfile(path):
-    raise ValueError(f"data.vocab: {spec!r} is neither 'byte' nor an existing tokenizer file (a Hugging "
-                     f"Face tokenizer.json or a SentencePiece model); train one with "
+    raise ValueError(f"data.vocab: {spec!r} is neither 'byte' nor an existing SentencePiece model or "
+                     f"Hugging Face tokenizer.json; train a SentencePiece model with "
                      f"`python -m data_pipelines.train_tokenizer --task=NAME --output=PATH`")
   if path.endswith(".json"):
     return HFVocab(path)
@@ -65,14 +65,17 @@ def special_ids(vocab: seqio.Vocabulary) -> dict:
   return {"bos": int(vocab.bos_id), "eos": int(vocab.eos_id), "pad": int(pad)}
 
 
-def check_fits(vocab_size: int, embedding_size: int, vocab_name: str = "data.vocab",
-               model_name: str = "the model") -> None:
-  """A vocabulary must fit the model's embedding table; fail before training or evaluation,
-  naming both and their sizes."""
-  if vocab_size > embedding_size:
+def check_fits(vocab_size: int, embedding_size: int, vocab_name: str = "", model_name: str = "") -> None:
+  """A vocabulary must fit the model's embedding table; fail before training (default names) or
+  evaluation (the tokenizer and the checkpoint), naming both and their sizes."""
+  if vocab_size <= embedding_size:
+    return
+  if model_name:
     raise ValueError(f"{vocab_name} has {vocab_size} tokens but {model_name}'s embedding has "
-                     f"vocab_size={embedding_size} rows; use the model's own tokenizer, a smaller "
-                     f"vocabulary, or (training) set model.overrides.vocab_size >= {vocab_size}")
+                     f"vocab_size={embedding_size} rows; use the model's own tokenizer or a smaller vocabulary")
+  raise ValueError(f"{vocab_name or 'data.vocab'} has {vocab_size} tokens but the model's embedding has "
+                   f"model.vocab_size={embedding_size} rows; set model.overrides.vocab_size >= "
+                   f"{vocab_size} or use a smaller vocabulary")
 
 
 def checkpoint_vocab_spec(path: str, meta: dict, tokenizer_path: Optional[str], spec: str = "") -> str:
