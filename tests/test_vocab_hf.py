@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from data_pipelines import pipeline
-from data_pipelines.vocab import HFVocab, get_vocabulary
+from data_pipelines.vocab import HFVocab, checkpoint_vocab_spec, get_vocabulary
 from fot_jax.convert import checkpoint
 from fot_jax.eval import passkey, retrieval, suite
 from fot_jax.model.config import get_size
@@ -103,18 +103,14 @@ def test_checkpoint_vocabulary_no_silent_byte(tmp_path, tok_path):
   bare = _ckpt(tmp_path, "bare", 260)
   with pytest.raises(ValueError, match=f"{bare}: no tokenizer found.*--eval.vocab=byte"):
     suite.Context(bare, c)  # (the evaluate CLI prints a ValueError as one `evaluate error:` line)
-  # byte when asked, or when the checkpoint records it was trained with it
-  c.vocab = "byte"
-  assert suite.Context(bare, c).vocab_spec == "byte"
   # a vocabulary too large for the model fails naming both
   c.vocab = tok_path
   with pytest.raises(ValueError, match=f"tokenizer.json has 300 tokens but {bare}'s embedding has vocab_size=260"):
     suite.Context(bare, c)
+  # byte when asked, or when the checkpoint records it was trained with it (what training writes)
   c.vocab = ""
-  info = json.load(open(os.path.join(bare, "fot_jax_model.json")))
-  with open(os.path.join(bare, "fot_jax_model.json"), "w") as f:
-    json.dump(dict(info, vocab="byte"), f)  # what training writes
-  assert suite.Context(bare, c).vocab_spec == "byte"
+  assert checkpoint_vocab_spec(bare, {}, None, "byte") == "byte"
+  assert checkpoint_vocab_spec(bare, {"vocab": "byte"}, None) == "byte"
   # a checkpoint that ships tokenizer.json (with its tokenizer_config.json) uses it
   shipped = _ckpt(tmp_path, "shipped", 300, tokenizer=tok_path)
   assert sorted(os.listdir(shipped)) == ["fot_jax_model.json", "params", "tokenizer.json", "tokenizer_config.json"]
