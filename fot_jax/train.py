@@ -295,7 +295,7 @@ class _PreemptionWatch:
 
 
 def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workdir: str, name: str = "train",
-          init_params_tree=None) -> Dict[str, Any]:
+          init_params_tree=None, model_meta=None) -> Dict[str, Any]:
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds', 'phases'}.
 
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
@@ -311,7 +311,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   step draws from its phase's task; a schedule with `stop_after_last` ends the run (with a
   checkpoint) when its last phase ends, before `steps`.
   A SIGTERM saves a checkpoint at the next step boundary and raises Preempted (exit 0);
-  the same call resumes from it.
+  the same call resumes from it. model_meta: more fields for the workdir's fot_jax_model.json
+  (e.g. the vocabulary trained with, which evaluation then uses).
   """
   steps = int(train_cfg["steps"])
   accum = int(train_cfg.get("accum_steps", 1))
@@ -369,7 +370,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
       if step == start and jax.process_index() == 0:  # lets export_hf / from_pretrained read this workdir
         from fot_jax.convert.checkpoint import write_model_json
-        write_model_json(workdir, model_cfg, window=seq)
+        write_model_json(workdir, model_cfg, window=seq, **(model_meta or {}))
       sources, positive = stacked_plan(spec, global_rows, accum, groups)
       state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
                                parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh))

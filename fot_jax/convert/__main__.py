@@ -1,4 +1,5 @@
 """python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT [--mem_layers 6,12,18 ...]
+python -m fot_jax.convert import_gguf --gguf FILE.gguf --out CKPT [--mem_layers 6,12,18 ...]
 python -m fot_jax.convert export_hf --checkpoint CKPT --out DIR [--dtype bfloat16 ...]
 """
 from __future__ import annotations
@@ -20,25 +21,34 @@ def _layers(text: str):
     raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, got {text!r}")
 
 
+def _model_options(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--mem_layers", type=_layers, default=None,
+                 help="0-based memory layers, e.g. 6,12,18 (default: config.json's, else none)")
+  p.add_argument("--mem_positions", choices=("first", "none"), default=None,
+                 help="default: from LongLLaMA's mem_positionals, else 'first'")
+  p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                 help="fot_jax compute dtype (parameters stay float32)")
+
+
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m fot_jax.convert")
   sub = p.add_subparsers(dest="command", required=True)
   imp = sub.add_parser("import_hf", help="Hugging Face LLaMA directory -> fot_jax checkpoint")
   imp.add_argument("--hf_dir", required=True)
   imp.add_argument("--out", required=True, help="new or empty directory")
-  imp.add_argument("--mem_layers", type=_layers, default=None,
-                   help="0-based memory layers, e.g. 6,12,18 (default: config.json's, else none)")
-  imp.add_argument("--mem_positions", choices=("first", "none"), default=None,
-                   help="default: from LongLLaMA's mem_positionals, else 'first'")
-  imp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="fot_jax compute dtype (parameters stay float32)")
+  _model_options(imp)
+  gg = sub.add_parser("import_gguf", help="LLaMA-architecture GGUF file (llama.cpp) -> fot_jax checkpoint")
+  gg.add_argument("--gguf", required=True, help="a .gguf file (dequantized by transformers)")
+  gg.add_argument("--out", required=True, help="new or empty directory")
+  _model_options(gg)
   exp = sub.add_parser("export_hf", help="fot_jax checkpoint -> LlamaForCausalLM / LongLLaMA directory")
   exp.add_argument("--checkpoint", required=True, help="import_hf output or a training workdir")
   exp.add_argument("--out", required=True, help="new or empty directory")
   exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
   exp.add_argument("--max_shard_size", default="5GB")
   exp.add_argument("--window", type=int, default=None, help="max_position_embeddings (default: recorded)")
-  exp.add_argument("--tokenizer", default=None, help="SentencePiece model to ship (default: recorded)")
+  exp.add_argument("--tokenizer", default=None,
+                   help="SentencePiece model or tokenizer.json to ship (default: recorded)")
   exp.add_argument("--mem_dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
   exp.add_argument("--fot_jax_only", action="store_true",
                    help="also write parameters plain LLaMA lacks (gating, temperature)")
@@ -47,14 +57,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
   args = _parser().parse_args(argv)
-  from fot_jax.convert.api import export_hf, import_hf
+  from fot_jax.convert.api import export_hf, import_gguf, import_hf
   from fot_jax.convert.hf_files import ConvertError
   try:
-    if args.command == "import_hf":
-      ck = import_hf(args.hf_dir, args.out, mem_layers=args.mem_layers, mem_positions=args.mem_positions,
-                     dtype=args.dtype)
-      print(f"imported {args.hf_dir} -> {args.out} ({ck.cfg.num_layers} layers, vocab {ck.cfg.vocab_size}, "
-            f"memory layers {list(ck.cfg.mem_layers)}, window {ck.window})")
+    if args.command in ("import_hf", "import_gguf"):
+      src = args.hf_dir if args.command == "import_hf" else args.gguf
+      fn = import_hf if args.command == "import_hf" else import_gguf
+      ck = fn(src, args.out, mem_layers=args.mem_layers, mem_positions=args.mem_positions, dtype=args.dtype)
+      print(f"imported {src} -> {args.out} ({ck.cfg.num_layers} layers, vocab {ck.cfg.vocab_size}, "
+            f"memory layers {list(ck.cfg.mem_layers)}, window {ck.window}, "
+            f"tokenizer {ck.meta.get('tokenizer')})")
     else:
       export_hf(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size,
                 fot_jax_only=args.fot_jax_only, window=args.window, tokenizer=args.tokenizer,

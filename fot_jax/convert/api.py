@@ -1,6 +1,7 @@
-"""import_hf / export_hf and the user-facing `from_pretrained` model object."""
+"""import_hf / import_gguf / export_hf and the user-facing `from_pretrained` model object."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -36,10 +37,27 @@ def load_hf(hf_dir: str, **overrides) -> Checkpoint:
   hf = read_json(config_path)
   cfg, window = mapping.model_config_from_hf(hf, config_path, **overrides)
   params = mapping.params_from_hf(WeightReader(hf_dir), cfg, config_path)
-  tok = os.path.join(hf_dir, checkpoint.TOKENIZER)
   meta = {"source": os.path.abspath(hf_dir), "hf": {k: hf[k] for k in TOKEN_ID_FIELDS if k in hf},
-          "tokenizer": tok if os.path.isfile(tok) else None}
+          "tokenizer": checkpoint.find_tokenizer(hf_dir)}
   return Checkpoint(cfg, params, window, meta, os.path.abspath(hf_dir))
+
+
+def _is_gguf(path: str) -> bool:
+  return os.path.isfile(path) and path.lower().endswith(".gguf")
+
+
+def load_gguf(path: str, **overrides) -> Checkpoint:
+  """Reads a GGUF file (a LLaMA-architecture model, dequantized by transformers) into memory
+  as float32 fot_jax params; its tokenizer becomes tokenizer.json (a temporary copy until
+  saved). overrides: as load_hf."""
+  from fot_jax.convert.gguf_files import TensorReader, read_gguf
+  hf, tensors, tok_dir = read_gguf(path)
+  atexit.register(shutil.rmtree, tok_dir, True)
+  cfg, window = mapping.model_config_from_hf(hf, path, **overrides)
+  params = mapping.params_from_hf(TensorReader(tensors, path), cfg, path)
+  meta = {"source": os.path.abspath(path), "hf": {k: hf[k] for k in TOKEN_ID_FIELDS if hf.get(k) is not None},
+          "tokenizer": os.path.join(tok_dir, "tokenizer.json")}
+  return Checkpoint(cfg, params, window, meta, os.path.abspath(path))
 
 
 def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
@@ -52,29 +70,65 @@ def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
   return ck
 
 
-def load_any(path: str, **overrides) -> Checkpoint:
-  """An fot_jax checkpoint (imported or a training workdir) or a Hugging Face directory."""
-  if os.path.isfile(os.path.join(path, checkpoint.MODEL_JSON)):
-    ck = checkpoint.load(path)
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if overrides:  # e.g. another compute dtype or other memory layers over the same weights
-      if "mem_layers" in overrides:
-        overrides["mem_layers"] = tuple(int(x) for x in overrides["mem_layers"])
-      ck.cfg = dataclasses.replace(ck.cfg, **overrides)
-      try:
-        ck.cfg.validate()
-      except ValueError as e:
-        raise ConvertError(f"{path}: {e}") from None
-      checkpoint.check_params(ck.params, ck.cfg, path)
+def import_gguf(gguf: str, out: str, **overrides) -> Checkpoint:
+  """GGUF file -> fot_jax checkpoint at `out` (a new or empty directory), with tokenizer.json."""
+  from fot_jax.convert.gguf_files import check_gguf
+  check_gguf(gguf)  # a refused file fails before anything is created
+  ensure_empty_dir(out)
+  ck = load_gguf(gguf, **overrides)
+  try:
+    checkpoint.save(out, ck.params, ck.cfg, ck.window, tokenizer=ck.tokenizer_path,
+                    source=ck.meta["source"], hf=ck.meta["hf"])
+  finally:
+    shutil.rmtree(os.path.dirname(ck.tokenizer_path), ignore_errors=True)  # the temporary tokenizer copy
+  return checkpoint.load(out)
+
+
+def _override(ck: Checkpoint, overrides: dict, path: str) -> Checkpoint:
+  """ModelConfig fields over a loaded checkpoint's (another compute dtype or other memory layers
+  over the same weights), checked against its parameters."""
+  overrides = {k: v for k, v in overrides.items() if v is not None}
+  if not overrides:
     return ck
-  if os.path.isfile(os.path.join(path, "config.json")):
-    return load_hf(path, **overrides)
-  raise ConvertError(f"{path}: neither an fot_jax checkpoint ({checkpoint.MODEL_JSON}) nor a "
-                     f"Hugging Face directory (config.json)")
+  if overrides.get("mem_layers") == "all":
+    overrides["mem_layers"] = range(ck.cfg.num_layers)
+  if "mem_layers" in overrides:
+    overrides["mem_layers"] = tuple(int(x) for x in overrides["mem_layers"])
+  ck.cfg = dataclasses.replace(ck.cfg, **overrides)
+  try:
+    ck.cfg.validate()
+  except ValueError as e:
+    raise ConvertError(f"{path}: {e}") from None
+  checkpoint.check_params(ck.params, ck.cfg, path)
+  return ck
+
+
+def load_any(path: str, **overrides) -> Checkpoint:
+  """An fot_jax checkpoint (imported or a training workdir), a Hugging Face directory or a GGUF file.
+  overrides: ModelConfig fields; mem_layers='all' puts memory in every layer."""
+  every = overrides.get("mem_layers") == "all"
+  first = dict(overrides, mem_layers=None) if every else overrides  # 'all' needs the layer count
+  if _is_gguf(path):
+    ck = load_gguf(path, **first)
+  elif os.path.isfile(os.path.join(path, checkpoint.MODEL_JSON)):
+    return _override(checkpoint.load(path), overrides, path)
+  elif os.path.isfile(os.path.join(path, "config.json")):
+    ck = load_hf(path, **first)
+  else:
+    raise ConvertError(f"{path}: neither an fot_jax checkpoint ({checkpoint.MODEL_JSON}), a "
+                       f"Hugging Face directory (config.json) nor a .gguf file")
+  return _override(ck, {"mem_layers": "all"}, path) if every else ck
 
 
 def _write_tokenizer(src: str, out: str, window: int) -> None:
-  shutil.copyfile(src, os.path.join(out, checkpoint.TOKENIZER))
+  if checkpoint.copy_tokenizer(src, out).endswith(".json"):  # Hugging Face tokenizers
+    config_path = os.path.join(out, checkpoint.HF_TOKENIZER_CONFIG)
+    config = read_json(config_path) if os.path.isfile(config_path) else {}
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    config["model_max_length"] = window
+    with open(config_path, "w") as f:
+      json.dump(config, f, indent=1)
+    return
   special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
   with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
     json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
@@ -89,7 +143,8 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
   """fot_jax checkpoint -> a directory LlamaForCausalLM.from_pretrained loads (LongLLaMA fields included).
 
   window: HF max_position_embeddings / LongLLaMA last_context_length (default: the
-  checkpoint's window). tokenizer: a SentencePiece model to ship (default: the checkpoint's).
+  checkpoint's window). tokenizer: a SentencePiece model or a tokenizer.json to ship (default:
+  the checkpoint's).
   """
   ck = source if isinstance(source, Checkpoint) else checkpoint.load(source)
   extras = mapping.non_llama_params(ck.cfg)
@@ -103,6 +158,9 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
   tokenizer = tokenizer or ck.tokenizer_path
   if tokenizer and not os.path.isfile(tokenizer):
     raise ConvertError(f"{tokenizer}: tokenizer file not found")
+  if ck.meta.get("vocab") == "byte" and not tokenizer:
+    warnings.warn(f"{ck.path}: trained on the byte vocabulary, which Hugging Face has no tokenizer file "
+                  f"for; the export ships none", stacklevel=2)
   max_bytes = parse_size(max_shard_size)
   ensure_empty_dir(out)
   write_safetensors(out, mapping.hf_tensors(ck.params, ck.cfg), dtype, max_bytes)
@@ -119,7 +177,7 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
 
 
 class Pretrained:
-  """A loaded model: `.logits`, `.logits_with_memory`, `.generate`, `.save_hf`, `.save`.
+  """A loaded model: `.logits`, `.logits_with_memory`, `.generate`, `.save_hf`, `.save`, `.vocab`.
 
   cfg (ModelConfig), params (float32 tree), window (local window for memory inference).
   """
@@ -129,6 +187,24 @@ class Pretrained:
     self.cfg, self.window = ck.cfg, ck.window
     self.params = jax.tree_util.tree_map(jnp.asarray, ck.params)
     self._forward = None
+    self._vocab = None
+
+  def vocabulary(self, spec: str = ""):
+    """The seqio vocabulary of this model (data_pipelines.vocab): `spec` when given, else the one
+    it was trained with or the tokenizer it ships; checked to fit the embedding."""
+    from data_pipelines import vocab as vocab_lib
+    ck = self.checkpoint
+    spec = vocab_lib.checkpoint_vocab_spec(ck.path, ck.meta, ck.tokenizer_path, spec)
+    vocab = vocab_lib.get_vocabulary(spec)
+    vocab_lib.check_fits(vocab.vocab_size, self.cfg.vocab_size, f"vocabulary {spec}", ck.path)
+    return vocab
+
+  @property
+  def vocab(self):
+    """The model's own vocabulary (see `vocabulary`), loaded once."""
+    if self._vocab is None:
+      self._vocab = self.vocabulary()
+    return self._vocab
 
   def logits(self, tokens) -> np.ndarray:
     """tokens int [B, T] -> float32 [B, T, V]: one plain causal pass, positions 0..T-1."""
@@ -170,13 +246,13 @@ class Pretrained:
     return export_hf(self.checkpoint, out, **kwargs)
 
   def save(self, out: str) -> None:
-    """Writes an fot_jax checkpoint (what `init_from` reads)."""
+    """Writes an fot_jax checkpoint (what `init_from` reads), with its tokenizer."""
     ck = self.checkpoint
     checkpoint.save(out, ck.params, ck.cfg, ck.window, tokenizer=ck.tokenizer_path,
                     **{k: v for k, v in ck.meta.items() if k != "tokenizer"})
 
 
 def from_pretrained(path: str, **overrides) -> Pretrained:
-  """An HF LLaMA directory or an fot_jax checkpoint -> Pretrained. overrides (HF only):
-  ModelConfig fields such as mem_layers, mem_positions, dtype."""
+  """An HF LLaMA directory, a LLaMA GGUF file or an fot_jax checkpoint -> Pretrained.
+  overrides: ModelConfig fields such as mem_layers, mem_positions, dtype."""
   return Pretrained(load_any(path, **overrides))

@@ -3,8 +3,9 @@
 
 An imported checkpoint is a directory with `fot_jax_model.json` (ModelConfig
 fields, the inference window, source metadata) and `params/` (an orbax
-checkpoint of the parameter tree, float32), plus `tokenizer.model` when the
-source had one. A training workdir is read too: its latest orbax step under
+checkpoint of the parameter tree, float32), plus the source's tokenizer when it had
+one: `tokenizer.model` (SentencePiece) or `tokenizer.json` with its `tokenizer_config.json`
+(Hugging Face tokenizers). A training workdir is read too: its latest orbax step under
 `checkpoints/` and the `fot_jax_model.json` the trainer writes beside it.
 """
 from __future__ import annotations
@@ -22,7 +23,28 @@ from fot_jax.convert.hf_files import ConvertError, ensure_empty_dir, read_json
 from fot_jax.model.config import ModelConfig
 
 MODEL_JSON = "fot_jax_model.json"
-TOKENIZER = "tokenizer.model"
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # SentencePiece, Hugging Face; searched in this order
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # names tokenizer.json's bos/eos/pad tokens
+
+
+def find_tokenizer(directory: str) -> Optional[str]:
+  """The tokenizer file a model directory ships, or None."""
+  for name in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(directory, name)):
+      return os.path.join(directory, name)
+  return None
+
+
+def copy_tokenizer(src: str, out: str) -> str:
+  """Copies a tokenizer file (and a tokenizer.json's tokenizer_config.json) into `out`; returns its name."""
+  if not os.path.isfile(src):
+    raise ConvertError(f"{src}: tokenizer file not found")
+  name = TOKENIZER_FILES[1] if src.endswith(".json") else TOKENIZER_FILES[0]
+  shutil.copyfile(src, os.path.join(out, name))
+  config = os.path.join(os.path.dirname(src), HF_TOKENIZER_CONFIG)
+  if name.endswith(".json") and os.path.isfile(config):
+    shutil.copyfile(config, os.path.join(out, HF_TOKENIZER_CONFIG))
+  return name
 
 
 @dataclasses.dataclass
@@ -59,9 +81,8 @@ def save(path: str, params, cfg: ModelConfig, window: Optional[int], tokenizer: 
   ckpt = ocp.StandardCheckpointer()
   ckpt.save(os.path.abspath(os.path.join(path, "params")), params)
   ckpt.wait_until_finished()
-  if tokenizer:
-    shutil.copyfile(tokenizer, os.path.join(path, TOKENIZER))
-  write_model_json(path, cfg, window, tokenizer=TOKENIZER if tokenizer else None, **meta)
+  name = copy_tokenizer(tokenizer, path) if tokenizer else None
+  write_model_json(path, cfg, window, tokenizer=name, **meta)
 
 
 def _model_config(info: dict, source: str) -> ModelConfig:

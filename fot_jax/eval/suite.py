@@ -24,7 +24,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.task = "stdlib"  # held-out documents (ppl, rd) and the NIAH haystack; 'dictionary_lookup' for dict models
   c.split = "validation"
-  c.vocab = ""  # 'byte', a SentencePiece path, 'dictionary_lookup'; '' = the checkpoint's tokenizer, else 'byte'
+  c.vocab = ""  # 'byte', a tokenizer path, 'dictionary_lookup'; '' = the checkpoint's own (never guessed)
   c.window = 0  # local window; 0 = the checkpoint's
   c.mode = "dense"  # memory mode of ppl/passkey/niah: dense or topk
   c.topk = 32
@@ -55,22 +55,22 @@ def default_config() -> ml_collections.ConfigDict:
 class Context:
   """A loaded model and what every suite needs from it."""
 
-  def __init__(self, checkpoint: str, config: ml_collections.ConfigDict):
+  def __init__(self, checkpoint: str, config: ml_collections.ConfigDict, **overrides):
     import fot_jax
     from data_pipelines import vocab as vocab_lib
     self.path, self.config = checkpoint, config
-    self.model = fot_jax.from_pretrained(checkpoint)
+    self.model = fot_jax.from_pretrained(checkpoint, **overrides)  # e.g. mem_layers
     self.cfg, self.params = self.model.cfg, self.model.params
     self.window = int(config.window or self.model.window or 0)
     if not self.window:
       raise ValueError(f"{checkpoint}: the checkpoint records no window; pass --eval.window")
     ck = self.model.checkpoint
-    spec = config.vocab or ck.meta.get("vocab") or ck.tokenizer_path or "byte"
+    spec = vocab_lib.checkpoint_vocab_spec(checkpoint, ck.meta, ck.tokenizer_path, config.vocab)
     # the dictionary task's ids as they are, for the task the dict settings describe
     self.vocab = (vocab_lib.TokenVocab(dict_task(config).vocab_size) if spec == "dictionary_lookup"
                   else vocab_lib.get_vocabulary(spec))
     self.vocab_spec = spec
-    vocab_lib.check_fits(self.vocab.vocab_size, self.cfg.vocab_size)
+    vocab_lib.check_fits(self.vocab.vocab_size, self.cfg.vocab_size, f"vocabulary {spec}", checkpoint)
 
   def inference(self, mode=None):
     from fot_jax.inference import MemoryInference
@@ -188,12 +188,13 @@ RUNNERS = {"ppl": run_ppl, "rd": run_rd, "passkey": run_passkey, "niah": run_nia
 
 
 def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections.ConfigDict,
-        name: str = "") -> Dict[str, Dict]:
+        name: str = "", **overrides) -> Dict[str, Dict]:
+  """overrides: ModelConfig fields over the checkpoint's (e.g. mem_layers=(8, 16, 24))."""
   from fot_jax.eval import report
   unknown = [s for s in suites if s not in RUNNERS]
   if unknown:
     raise ValueError(f"--suite: unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
-  ctx = Context(checkpoint, config)
+  ctx = Context(checkpoint, config, **overrides)
   ctx.name = name or os.path.basename(os.path.normpath(checkpoint))
   out_dir = os.path.join(workdir, "eval")
   os.makedirs(out_dir, exist_ok=True)
@@ -203,7 +204,8 @@ def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections
     t0 = time.time()
     res = RUNNERS[suite](ctx)
     res.update(suite=suite, checkpoint=os.path.abspath(checkpoint), name=ctx.name, seed=int(config.seed),
-               window=ctx.window, vocab=ctx.vocab_spec, seconds=time.time() - t0,
+               window=ctx.window, vocab=ctx.vocab_spec, mem_layers=list(ctx.cfg.mem_layers),
+               seconds=time.time() - t0,
                config={k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in config.items()
                        if k not in SUITES or k == suite})
     with open(os.path.join(out_dir, f"{suite}.json"), "w") as f:
