@@ -21,7 +21,7 @@ def base_config():
   })
   c.data = ml_collections.ConfigDict({
       "task": "stdlib",  # a registered SeqIO task or mixture (data_pipelines.tasks)
-      "vocab": "byte",  # 'byte' or a SentencePiece model path
+      "vocab": "byte",  # 'byte', a SentencePiece model path or a Hugging Face tokenizer.json
       "slots": 8,  # S, over all hosts (each host feeds slots / process_count)
       "windows_per_slot": 2,  # k
       "window": 256,  # T, tokens per row

@@ -42,8 +42,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.niah = ml_collections.ConfigDict(dict(grid, n_needles=4, corpus_docs=200))
   c.dict = ml_collections.ConfigDict({
       # data_pipelines.dictionary_lookup.DictionaryTask (the demo's task by default)
-      "task": {"num_symbols": 256, "num_value_symbols": 256, "key_len": 2, "value_len": 2, "n_defs": 64,
-               "n_queries": 64, "layout": "kv"},
+      "task": {"num_symbols": 256, "num_value_symbols": 64, "key_len": 1, "value_len": 1, "n_defs": 16,
+               "n_queries": 16, "layout": "kv"},
       "memory_tokens": (256, 1024, 4096, 16384, 65536, 262144, 1048576), "n_docs": 8, "topk": 32,
       "modes": ("dense", "topk", "ivf"),  # 'flat' = exact top-k from a host index
       "nprobe": 8, "nlist": 0,  # IVF lists searched / total (0: 4 sqrt(M), at most 1024)
