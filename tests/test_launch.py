@@ -74,10 +74,21 @@ def test_sweep_expands_into_named_runs_with_their_own_workdirs(capsys):
 def test_every_experiment_file_validates():
   """Files whose data (C4, arXiv, OpenLLaMA tokenizer) is not on this machine validate without
   the data checks; the others with them."""
+  from fot_jax import study
+  from fot_jax.model.config import get_size
   for name in sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments"))
                      if f.endswith(".py") and f not in ("__init__.py", "base_lm.py")):
+    config = configs.load_module(f"experiments/{name}.py").get_config()
+    if name.startswith("study_"):  # controlled studies: the base's training config and every method
+      base = get_size("tiny", num_layers=32)  # a checkpoint base (absent here): a deep stand-in
+      if config.base.get("train") is not None:
+        configs.validate(config.base.train, check_data=True)
+        base = configs.model_config(config.base.train)
+      for method in config.methods:
+        study.method_model_config(base, method)
+      continue
     local_data = name in ("dictionary_lookup", "stdlib_lm_tiny")
-    configs.validate(configs.load_module(f"experiments/{name}.py").get_config(), check_data=local_data)
+    configs.validate(config, check_data=local_data)
 
 
 def _main(*args):
@@ -98,7 +109,7 @@ def test_plan_mode_reports_params_flops_and_memory_without_a_workdir():
   n = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(init_params(cfg, 0)))
   assert f"parameters         {n:,}" in out
   assert "data=2 x fsdp=2 x tensor=2 x context=1 (8 devices)" in out
-  assert "16 rows x 256 tokens" in out
+  assert "32 rows x 32 tokens" in out  # 16 slots x 2 windows of 32
   assert "FLOPs per step" in out and "memory per device" in out
 
 
