@@ -170,9 +170,11 @@ def _write_results(results, workdir, arms):
     return
   fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
   xs = sd["memory_tokens"]
-  ax.plot(xs, sd["mean"], marker="o", color="C0", label=f"FoT (window {results['fot']['window']}), "
-          f"mean of {len(sd['seeds'])} seeds")
-  ax.fill_between(xs, sd["min"], sd["max"], color="C0", alpha=0.25, label="FoT min-max over seeds")
+  n = len(sd["seeds"])
+  ax.plot(xs, sd["mean"], marker="o", color="C0",
+          label=f"FoT (window {results['fot']['window']})" + (f", mean of {n} seeds" if n > 1 else ""))
+  if n > 1:
+    ax.fill_between(xs, sd["min"], sd["max"], color="C0", alpha=0.25, label=f"FoT min-max over {n} seeds")
   if "baseline" in arms:
     b = results["baseline"]
     ax.plot(b["memory_tokens"], b["accuracy"], marker="s", color="C3",
