@@ -61,6 +61,23 @@ def test_resumed_training_gets_the_uninterrupted_batches(tmp_path):
       np.testing.assert_array_equal(resumed.seen[step][k], expected[step][k])
 
 
+def test_curriculum_over_two_pipelines_resumes_each_position(tmp_path):
+  """Phases over two stateful pipelines: each task's batches are consumed in order (its own
+  numbering), and a run stopped inside the second phase resumes both pipelines' positions."""
+  sched = lambda: Schedule({"kind": "phases", "phases": [
+      {"task": "a", "spec": {"d": 2, "w": 1}, "steps": 2}, {"task": "b", "spec": {"d": 2, "w": 1}}]})
+  full = {"a": _source(), "b": _source()}
+  train(CFG, _cfg(5, 0), sched(), full, str(tmp_path / "full"))
+  assert sorted(full["a"].seen) == [0, 1] and sorted(full["b"].seen) == [0, 1, 2]
+  part = {"a": _source(), "b": _source()}
+  train(CFG, _cfg(4, 4), sched(), part, str(tmp_path / "part"))  # stops at step 4: b has given 2 batches
+  resumed = {"a": _source(), "b": _source()}
+  train(CFG, _cfg(5, 4), sched(), resumed, str(tmp_path / "part"))
+  assert not resumed["a"].seen and sorted(resumed["b"].seen) == [2]
+  for k in full["b"].seen[2]:
+    np.testing.assert_array_equal(resumed["b"].seen[2][k], full["b"].seen[2][k])
+
+
 def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
   config = stdlib_lm_tiny.get_test_config()
   configs.validate(config)
