@@ -74,12 +74,17 @@ class DictionaryTask:
     if self.n_queries > self.n_defs:
       raise ValueError(f"data.n_queries={self.n_queries} exceeds data.n_defs={self.n_defs}: "
                        f"each query asks a distinct defined key")
-    if self.num_symbols ** self.key_len < 4 * self.n_defs:
-      raise ValueError(f"data.num_symbols ** data.key_len = {self.num_symbols ** self.key_len} "
+    if self.key_space < 4 * self.n_defs:
+      raise ValueError(f"data.num_symbols ** data.key_len = {self.key_space} "
                        f"is too small for {self.n_defs} distinct keys")
 
+  @property
+  def key_space(self) -> int:
+    """How many distinct keys exist."""
+    return self.num_symbols ** self.key_len
+
   def check_disjoint(self, n_docs: int, field: str = "slots"):
-    space = self.num_symbols ** self.key_len
+    space = self.key_space
     if n_docs * self.n_defs > space:
       raise ValueError(f"data: {n_docs} {field} x {self.n_defs} definitions need {n_docs * self.n_defs} distinct "
                        f"keys, but num_symbols ** key_len = {space}; raise data.num_symbols or lower {field}")
@@ -92,7 +97,7 @@ class DictionaryTask:
 
   def _random_keys(self, rng, n, exclude=None, distinct=True):
     """n random keys [n, K]; pairwise distinct if `distinct`; none whose code is in `exclude`."""
-    space = self.num_symbols ** self.key_len
+    space = self.key_space
     exclude = np.zeros(0, np.int64) if exclude is None else np.asarray(exclude, np.int64)
     codes = np.zeros(0, np.int64)
     while len(codes) < n:

@@ -64,17 +64,16 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
   cfg = configs.model_config(config)
   task = configs.dictionary_task(config)
   seeds = [int(config.seed)] + [int(s) for s in config.get("extra_seeds", ())]
-  trained, phases = {}, {}
+  trained = {}
   for seed in seeds:
     name = "fot" if seed == seeds[0] else f"fot_seed{seed}"
     schedule = Schedule(config.fot.curriculum)
     trained[name] = _train_arm(cfg, _arm_train_cfg(config, "fot", seed, config.fot.steps), name, schedule,
                                _dictionary_feeds(config, task, "fot", seed, schedule), os.path.join(workdir, name),
                                train, "dictionary_lookup")
-    phases[name] = trained[name]["phases"]
   if config.baseline.enabled:
     steps_run = trained["fot"]["steps_run"]
-    schedule = baseline_schedule(phases["fot"], steps_run)
+    schedule = baseline_schedule(trained["fot"]["phases"], steps_run)
     trained["baseline"] = _train_arm(cfg, _arm_train_cfg(config, "baseline", seeds[0], steps_run), "baseline",
                                      schedule, _dictionary_feeds(config, task, "baseline", seeds[0], schedule),
                                      os.path.join(workdir, "baseline"), train, "dictionary_lookup")
@@ -115,20 +114,16 @@ def _dictionary_rd(config, cfg, task, trained):
   d that the key space allows, documents that share no key (as the training batches)."""
   from fot_jax.eval.rd import positive_attention_mass
   ds = [int(d) for d in config.eval.rd_ds]
-  d_max = task.num_symbols ** task.key_len // task.n_defs  # documents that can avoid sharing a key
-  sets = {"independent": (ds, False), "disjoint_keys": ([d for d in ds if d <= d_max], True)}
-  out = {}
-  for name in ("fot", "baseline"):
-    if name not in trained:
-      continue
-    out[name] = {}
-    for label, (set_ds, disjoint) in sets.items():
-      if not set_ds:
-        continue
-      docs = list(task.batch(int(config.eval.seed), 5, max(set_ds), disjoint_keys=disjoint)[0].astype(np.int32))
-      out[name][label] = positive_attention_mass(cfg, trained[name]["params"], docs, task.queries_len, set_ds, 1,
-                                                 int(config.eval.batch), name=f"{name} ({label})")
-  return out
+  d_max = task.key_space // task.n_defs  # documents that can avoid sharing a key
+  sets = {}  # label -> (ds, documents), the same documents for every arm
+  for label, set_ds, disjoint in (("independent", ds, False), ("disjoint_keys", [d for d in ds if d <= d_max], True)):
+    if set_ds:
+      docs = task.batch(int(config.eval.seed), 5, max(set_ds), disjoint_keys=disjoint)[0].astype(np.int32)
+      sets[label] = (set_ds, list(docs))
+  return {name: {label: positive_attention_mass(cfg, trained[name]["params"], docs, task.queries_len, set_ds, 1,
+                                                int(config.eval.batch), name=f"{name} ({label})")
+                 for label, (set_ds, docs) in sets.items()}
+          for name in ("fot", "baseline") if name in trained}
 
 
 def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab):
