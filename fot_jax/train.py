@@ -246,11 +246,11 @@ def _extra_state(schedule: Schedule, sources: Dict[Optional[str], Callable]) -> 
   """JSON saved next to the train state: the curriculum's state and, for each batch source
   that keeps one (a resumable pipeline: `state_dict()` / `load_state_dict()`), its position."""
   extra = {"schedule": schedule.state_dict()}
-  data = {str(k): fn.state_dict() for k, fn in sources.items() if hasattr(fn, "load_state_dict")}
-  if None in sources and data:
-    extra["data"] = data["None"]  # one source: the layout checkpoints have always had
-  elif data:
-    extra["data_by_task"] = data
+  stateful = {k: fn for k, fn in sources.items() if hasattr(fn, "load_state_dict")}
+  if None in stateful:  # one source: the layout checkpoints have always had
+    extra["data"] = stateful[None].state_dict()
+  elif stateful:
+    extra["data_by_task"] = {k: fn.state_dict() for k, fn in stateful.items()}
   return extra
 
 
