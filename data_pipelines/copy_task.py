@@ -34,6 +34,11 @@ class CopyTask:
   # copy then varies, so a model with positions in its window cannot copy by a fixed offset
   # (a positional shortcut that does not transfer to lookup) and has to match content.
   chunks: int = 1
+  # distinct: no symbol repeats within a span (drawn without replacement), so every token of the
+  # repeat has one source and "find where this token occurred, predict what followed" is never
+  # ambiguous. With few symbols and long spans (a byte-level model: 128-token spans) repeats
+  # are the rule, and a one-token match picks the wrong source for most tokens.
+  distinct: bool = False
 
   @property
   def doc_len(self) -> int:
@@ -49,11 +54,18 @@ class CopyTask:
                        f"got span={self.span}, num_symbols={self.num_symbols}")
     if self.chunks <= 0 or self.span % self.chunks:
       raise ValueError(f"copy task: chunks={self.chunks} must divide span={self.span}")
+    if self.distinct and self.num_symbols < self.span:
+      raise ValueError(f"copy task: distinct symbols need num_symbols >= span, got "
+                       f"num_symbols={self.num_symbols}, span={self.span}")
 
   def batch(self, seed: int, step: int, n_docs: int):
     """tokens and the scored mask (the repeat), [n_docs, doc_len]; a pure function of (seed, step)."""
     rng = np.random.default_rng([seed, step, 7])  # 7: another stream than dictionary batches
-    first = rng.integers(0, self.num_symbols, (n_docs, self.span)).astype(np.int32) + self.symbol_offset
+    if self.distinct:  # the first `span` of a random permutation of the symbols, per document
+      first = np.argsort(rng.random((n_docs, self.num_symbols)), axis=1)[:, :self.span]
+    else:
+      first = rng.integers(0, self.num_symbols, (n_docs, self.span))
+    first = first.astype(np.int32) + self.symbol_offset
     size = self.span // self.chunks
     order = np.argsort(rng.random((n_docs, self.chunks)), axis=1) if self.chunks > 1 else \
         np.zeros((n_docs, 1), np.int64)

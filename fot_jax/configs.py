@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from data_pipelines.copy_task import CopyTask
 from data_pipelines.dictionary_lookup import DictionaryTask
 from fot_jax import crossbatch
 from fot_jax.curriculum import Schedule
@@ -40,6 +41,22 @@ def dictionary_task(config) -> DictionaryTask:
   task = DictionaryTask(**fields)
   task.validate()
   return task
+
+
+def warmup_task_name(config):
+  """The curriculum task name of an LM run's copy warm-up (`c.warmup.task`), None without one."""
+  w = config.get("warmup")
+  return str(w.task) if w is not None and w.get("enabled", True) else None
+
+
+def lm_warmup_task(config, arm: str = "fot") -> CopyTask:
+  """An LM run's copy warm-up (`c.warmup`): spans of `span` random token ids (`num_symbols` ids
+  from `symbol_offset`), repeated. The no-crossbatch arm's repeat comes in `baseline_chunks`
+  shuffled pieces (its documents sit whole in one row, where a fixed-offset copy would not transfer)."""
+  w = config.warmup
+  return CopyTask(span=int(w.span), num_symbols=int(w.num_symbols), symbol_offset=int(w.symbol_offset),
+                  chunks=1 if arm == "fot" else int(w.get("baseline_chunks", 1)),
+                  distinct=bool(w.get("distinct", False)))
 
 
 def validate(config, check_data: bool = True) -> None:
@@ -131,7 +148,7 @@ def validate_lm(config, check_data: bool = True) -> None:
     for name in ("task", "eval_task"):
       tasks.get_provider(d[name])
     for task in Schedule(t.curriculum).tasks():  # a curriculum over tasks names SeqIO tasks
-      if task is not None:
+      if task is not None and task != warmup_task_name(config):
         tasks.get_provider(task)
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
@@ -152,6 +169,14 @@ def validate_lm(config, check_data: bool = True) -> None:
                      f"(gradient accumulation never splits a pack)")
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
+  warmup = warmup_task_name(config)
+  for phase in [p for p in sched.phases if warmup is not None and p["task"] == warmup]:
+    task = lm_warmup_task(config)  # copy documents: two windows of `span` tokens per slot
+    task.validate()
+    if task.vocab_size > cfg.vocab_size:
+      raise ValueError(f"warmup: symbol ids {task.symbol_offset}..{task.vocab_size - 1} do not fit the "
+                       f"model's vocabulary of {cfg.vocab_size}")
+    crossbatch.plan_from_spec(2 * int(config.warmup.slots) // accum, phase["spec"])
   crossbatch.scored_rows(rows, k, t.loss_on)
   if check_data and t.get("init_from") and not os.path.exists(str(t.init_from)):
     raise ValueError(f"train.init_from: no checkpoint at {t.init_from!r} (make one with "

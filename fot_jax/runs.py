@@ -261,6 +261,16 @@ def lm_eval_docs(config, vocab, need: int):
   return docs
 
 
+def lm_copy_warmup(config, arm: str) -> CopyBatches:
+  """The batches of an LM curriculum's copy warm-up (phases whose task is `warmup.task`): FoT's
+  documents split in two windows of `span` tokens, whatever the LM's own window (memory keys
+  carry no position, so the circuit carries over; short windows make it form in a fraction of
+  the steps: docs/data.md); the no-crossbatch arm sees each document whole in one row."""
+  task = configs.lm_warmup_task(config, arm)
+  return CopyBatches(task, int(config.warmup.slots), task.span if arm == "fot" else task.doc_len,
+                     int(config.seed))
+
+
 def run_lm(config, workdir: str, train: bool = True) -> dict:
   """Trains FoT with the crossbatch curriculum and, if baseline.enabled, the same model without
   crossbatch, on doc-pinned slot batches; evaluates perplexity against memory size; writes results."""
@@ -276,15 +286,16 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
     # The baseline: FoT's phases as they ran (same tasks, same steps), without crossbatch.
     schedule = (Schedule(config.train.curriculum) if name == "fot" else
                 baseline_schedule(trained["fot"]["phases"], trained["fot"]["steps_run"]))
-    try:  # one pipeline per data task of the curriculum (a curriculum over tasks has several)
-      feeds = {task: pipeline.lm_batches_from_config(config, task=task) for task in set(schedule.tasks())}
+    try:  # one source per data task of the curriculum (a curriculum over tasks has several)
+      feeds = {task: (lm_copy_warmup(config, name) if task == configs.warmup_task_name(config) else
+                      pipeline.lm_batches_from_config(config, task=task)) for task in set(schedule.tasks())}
     except ValueError as e:  # missing data, empty source, bad vocabulary: one line, no traceback
       raise SystemExit(f"data error: {e}") from None
     trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule,
                                feeds[None] if list(feeds) == [None] else feeds, os.path.join(workdir, name), train,
                                config.data.vocab)
     report = {str(task or config.data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}
-              for task, b in feeds.items()}
+              for task, b in feeds.items() if hasattr(b, "report")}  # the copy warm-up is synthetic
     for task, r in report.items():
       print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
     results["data"][name] = report

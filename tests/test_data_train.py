@@ -88,13 +88,14 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
     assert all(np.isfinite(p) and p > 1 for p in saved[arm]["perplexity"])
     assert saved[arm]["tokens"] == [64, 64, 64]
   assert (tmp_path / "perplexity_vs_memory.png").stat().st_size > 1000
-  # The curriculum over tasks: copy warm-up, then the stdlib mixture; one pipeline per task.
+  # The curriculum over tasks: the synthetic copy warm-up (its own window), then the stdlib
+  # pipeline; the baseline mirrors FoT's phases without crossbatch.
   assert [(p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
-      ("copy_text", 0, 1), ("stdlib_copy", 1, 2), ("stdlib_copy", 2, None)]
+      ("copy", 0, 1), ("stdlib", 1, 2), ("stdlib", 2, 4)]
   assert [(p["task"], p["spec"]) for p in saved["no_crossbatch"]["phases"]] == [
-      ("copy_text", {}), ("stdlib_copy", {}), ("stdlib_copy", {})]
-  for task in ("copy_text", "stdlib_copy"):
-    assert "documents used" in saved["data"]["fot"][task]["pipeline"]
+      ("copy", {}), ("stdlib", {}), ("stdlib", {})]
+  assert list(saved["data"]["fot"]) == ["stdlib"]  # the copy warm-up has no pipeline report
+  assert "documents used" in saved["data"]["fot"]["stdlib"]["pipeline"]
   assert results["fot"]["perplexity"] == saved["fot"]["perplexity"]
 
 

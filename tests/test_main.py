@@ -62,6 +62,18 @@ def test_validate_names_the_bad_field(field, value, message):
     configs.validate(config)
 
 
+@pytest.mark.parametrize("field,value,message", [
+    ("warmup.num_symbols", 300, "warmup: symbol ids 3..302"),
+    ("warmup.span", 300, "num_symbols >= span"),
+])
+def test_lm_warmup_errors_name_the_field(field, value, message):
+  from experiments import stdlib_lm_tiny
+  config = stdlib_lm_tiny.get_config()
+  config.warmup[field.split(".")[1]] = value
+  with pytest.raises(ValueError, match=message):
+    configs.validate(config, check_data=False)
+
+
 def test_cli_reports_config_errors_without_traceback(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "fot_jax.main", "--config=experiments/dictionary_lookup.py",
                          "--config.fot.window=200", f"--workdir={tmp_path}"], capture_output=True, text=True,

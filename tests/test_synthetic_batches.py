@@ -64,3 +64,16 @@ def test_chunked_copy_shuffles_pieces_and_skips_their_first_tokens():
   np.testing.assert_array_equal(scored[0, 8:], [False, True] * 4)
   with pytest.raises(ValueError, match="chunks"):
     CopyTask(span=8, chunks=3).validate()
+
+
+def test_distinct_copy_never_repeats_a_symbol_within_a_span():
+  task = CopyTask(span=16, num_symbols=16, symbol_offset=3, distinct=True)
+  tokens, _ = task.batch(0, 1, 64)
+  first = tokens[:, :16]
+  assert all(sorted(row.tolist()) == list(range(3, 19)) for row in first)  # a permutation of all 16
+  assert len({tuple(row) for row in first}) == 64
+  np.testing.assert_array_equal(tokens[:, 16:], first)
+  plain, _ = CopyTask(span=16, num_symbols=16, symbol_offset=3).batch(0, 1, 64)
+  assert any(len(set(row[:16].tolist())) < 16 for row in plain), "without it, symbols do repeat"
+  with pytest.raises(ValueError, match="num_symbols >= span"):
+    CopyTask(span=16, num_symbols=15, distinct=True).validate()
