@@ -240,3 +240,47 @@ def test_grouped_by_width_computes_only_live_contexts():
   grouped = flops(plan.as_tuple()) - base
   want = sum(plan.widths) / (plan.pack * plan.num_sources)  # 8 / 12
   assert grouped / padded == pytest.approx(want, rel=0.1)
+
+
+# ----------------------------------------------------------------------------- bf16 compute
+
+def test_bf16_softmax_statistics_stay_float32():
+  """bf16 queries/keys/values: every impl's running max, sum, weighted values and positive mass
+  (and memory's) are float32."""
+  q, k, v, mask, q_pos, ek, ev, emask, positive = (
+      a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a for a in _blocks())
+  for impl in ("dense", "blockwise"):
+    for part in (jax.eval_shape(functools.partial(ops.attend, impl=impl, block=3), q, k, v, mask, q_pos),
+                 jax.eval_shape(functools.partial(ops.attend, impl=impl, block=3), q, ek, ev, emask,
+                                positive=positive)):
+      assert {str(x.dtype) for x in part if x is not None} == {"float32"}, (impl, part)
+  block = mem.MemoryBlock(ek, ev, emask, positive)
+  for part in (jax.eval_shape(lambda q: mem.dense_memory_partial(q, [block], 4), q),
+               jax.eval_shape(lambda q: mem.topk_memory_partial(q, [block], 3, 4), q)):
+    assert {str(x.dtype) for x in part if x is not None} == {"float32"}
+
+
+def test_bf16_forward_close_to_float32_and_memory_in_bf16():
+  """bf16 compute (float32 parameters) against float32: logits within 3% of their largest
+  magnitude, with crossbatch (r_d too); inference memory is stored in the compute dtype
+  (LongLLaMA's mem_dtype) unless mem_dtype is given."""
+  from fot_jax.inference import MemoryInference
+  from fot_jax.model.llama import LlamaModel
+  cfg, model, variables, tokens = _model_setup()
+  plan = cb.analysis_plan(6, 2, 1).as_tuple()
+  bf16 = dataclasses.replace(cfg, dtype="bfloat16")
+  run = lambda m: jax.jit(lambda v: m.apply(v, tokens, plan=plan))(variables)
+  want, aux = run(model)
+  got, aux16 = run(LlamaModel(bf16))
+  err = float(jnp.abs(got - want).max())
+  assert 0 < err <= 0.03 * float(jnp.abs(want).max()), err
+  assert float(aux16["rd_den"]) == float(aux["rd_den"])
+  np.testing.assert_allclose(float(aux16["rd_num"]), float(aux["rd_num"]), rtol=0.03)
+
+  # Inference memory: the compute dtype unless mem_dtype says otherwise.
+  kv = (jnp.ones((2, 4, cfg.kv_heads, cfg.dim_per_head)),) * 2
+  for c, mem_dtype, want_dtype in ((cfg, None, jnp.float32), (bf16, None, jnp.bfloat16),
+                                   (cfg, jnp.bfloat16, jnp.bfloat16)):
+    memory = MemoryInference(c, variables["params"], window=4, mem_dtype=mem_dtype).new_memory(2)
+    memory.add({1: kv}, np.ones((2, 4), bool))
+    assert memory.buffers[1][0].dtype == want_dtype and memory.buffers[1][1].dtype == want_dtype
