@@ -21,9 +21,10 @@ One train state is threaded through all calls (the step donates it), so extra
 variants cost no extra parameter/optimizer memory. The batch and plans are put
 on the device once, so the timings exclude host-to-device copies.
 
-Note the attention computes the extra keys densely for every row of the batch
-(rows with fewer sources are masked, not skipped), so the cost of a plan scales
-with its width N for all B rows.
+The step gets the plan's static widths (crossbatch.pack_widths), so only the
+last window of each slot attends to its N * T extra keys; with --padded every
+row attends to all N plan columns (masked), as before rows paid only for their
+own extra contexts, so the cost of a plan scaled with N for all B rows.
 
 Defaults (finish in about 2.5 minutes on 2 CPU cores): --size dict_cpu (the demo
 model: 3 layers of 64, one memory layer), --slots 64, --window 64, --w 1 (B = 128 rows of 64
@@ -40,8 +41,10 @@ each slot); median step seconds; ratio to the plain step; the ratio the FLOP
 count predicts: XLA's count of each compiled step over the plain one's (what
 the program computes: extra keys for every row), and the ideal (the plain
 count plus q.k and p.v FLOPs of only the live extra contexts, x3 for the
-backward pass), so the gap between measured and ideal shows; tokens/s
-(B * T / median); compile seconds (trace + lower + XLA compile).
+backward pass; XLA counts a loop body once, so for blockwise its count stays
+low), so the gap between measured and ideal shows; tokens/s
+(B * T / median); compile seconds (trace + lower + XLA compile); the compiled
+step's temporaries (XLA memory_analysis).
 """
 from __future__ import annotations
 
@@ -76,6 +79,10 @@ def parse_args(argv=None):
   p.add_argument("--warmup", type=int, default=1, help="untimed calls per variant after compiling")
   p.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--padded", action="store_true",
+                 help="no static widths: every row attends to all N plan columns (masked)")
+  p.add_argument("--compile_only", action="store_true",
+                 help="compile and report the FLOP ratios and compiled memory, run nothing")
   p.add_argument("--json", default=None, help="write the results to this JSON file")
   return p.parse_args(argv)
 
@@ -125,11 +132,12 @@ def main(argv=None):
   variants = [("plain", {}, 0)]
   for d in ds:
     variants.append((f"d={d}", {"d": d, "w": args.w}, d * args.w))
-  plans = {}
+  plans, widths = {}, {}
   for name, spec, n in variants:
     sources, positive = stacked_plan(spec, rows, args.accum)
     assert sources.shape == (args.accum, rows // args.accum, n), (name, sources.shape)
     plans[name] = jax.device_put((sources, positive))
+    widths[name] = None if args.padded else crossbatch.pack_widths(sources, k)
 
   optimizer = make_optimizer({"lr": 1e-4, "weight_decay": 0.1, "clip_norm": 1.0})
   t0 = time.time()
@@ -142,9 +150,9 @@ def main(argv=None):
   step_fn = make_train_step(cfg, optimizer, args.accum)
   compiled, compile_s = {}, {}
   for name, spec, n in variants:
-    log(f"compiling {name} (N={n}, plan {tuple(plans[name][0].shape)}) ...")
+    log(f"compiling {name} (N={n}, plan {tuple(plans[name][0].shape)}, widths {widths[name]}) ...")
     t0 = time.time()
-    lowered = step_fn.lower(state, batch, *plans[name])
+    lowered = step_fn.lower(state, batch, *plans[name], widths[name])
     t1 = time.time()
     compiled[name] = lowered.compile()
     t2 = time.time()
@@ -161,6 +169,9 @@ def main(argv=None):
     return float((cost or {}).get("flops", float("nan")))
 
   flops = {name: xla_flops(compiled[name]) for name, _, _ in variants}
+  temp = {name: float(compiled[name].memory_analysis().temp_size_in_bytes) for name, _, _ in variants}
+  if args.compile_only:
+    args.warmup = args.repeats = 0
   hd = cfg.num_heads * cfg.dim_per_head
   ideal = {name: flops["plain"] + 3 * 4 * len(cfg.mem_layers) * hd * args.window ** 2
            * float((np.asarray(plans[name][0]) >= 0).sum()) for name, _, _ in variants}
@@ -202,20 +213,22 @@ def main(argv=None):
                     "max_s": max(ts) if ts else float("nan"), "ratio_to_plain": med / plain_med,
                     "tokens_per_s": tokens / med, "compile_s": compile_s[name],
                     "xla_flops": flops[name], "xla_flop_ratio": flops[name] / flops["plain"],
-                    "ideal_flop_ratio": ideal[name] / flops["plain"],
+                    "ideal_flop_ratio": ideal[name] / flops["plain"], "temp_bytes": temp[name],
                     "warmup_last_s": warm_s[name], "times_s": ts})
 
   header = f"{'variant':<10} {'N*T keys':>9} {'median s':>9} {'min s':>8} {'max s':>8} {'ratio':>7} " \
-           f"{'XLA FLOPs':>9} {'ideal':>7} {'tokens/s':>11} {'compile s':>10}"
+           f"{'XLA FLOPs':>9} {'ideal':>7} {'tokens/s':>11} {'compile s':>10} {'temp GiB':>9}"
   print()
   print(f"{args.size} {overrides or ''} | B={rows} rows x T={args.window} ({tokens} tokens), w={args.w}, "
-        f"accum={args.accum}, {args.repeats} repeats, {jax.default_backend()}")
+        f"accum={args.accum}, {args.repeats} repeats, {jax.default_backend()}"
+        f"{', padded' if args.padded else ''}")
   print(header)
   print("-" * len(header))
   for r in results:
     print(f"{r['variant']:<10} {r['extra_keys_per_query']:>9} {r['median_s']:>9.3f} {r['min_s']:>8.3f} "
           f"{r['max_s']:>8.3f} {r['ratio_to_plain']:>6.2f}x {r['xla_flop_ratio']:>8.2f}x "
-          f"{r['ideal_flop_ratio']:>6.2f}x {r['tokens_per_s']:>11,.0f} {r['compile_s']:>10.1f}")
+          f"{r['ideal_flop_ratio']:>6.2f}x {r['tokens_per_s']:>11,.0f} {r['compile_s']:>10.1f} "
+          f"{r['temp_bytes'] / 2 ** 30:>9.2f}")
   total = time.time() - t_start
   print(f"\ntotal wall time {total:.1f}s", flush=True)
 

@@ -47,7 +47,7 @@ def main(argv=None):
   import jax
   import numpy as np
   import optax
-  from fot_jax import parallel
+  from fot_jax import crossbatch, parallel
   from fot_jax.model.config import get_size
   from fot_jax.train import init_state, make_train_step, stacked_plan
 
@@ -72,7 +72,7 @@ def main(argv=None):
   compiled, args = {}, {}
   for name, (src, pos) in variants.items():
     args[name] = (parallel.global_replicated(src, mesh), parallel.global_replicated(pos, mesh))
-    compiled[name] = step.lower(state, batch, *args[name]).compile()
+    compiled[name] = step.lower(state, batch, *args[name], crossbatch.pack_widths(src, a.w + 1)).compile()
     state, m = compiled[name](state, batch, *args[name])  # warm-up
     jax.block_until_ready(m)
   times = {n: [] for n in variants}

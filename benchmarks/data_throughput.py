@@ -38,7 +38,7 @@ def main():
   p.add_argument("--steps", type=int, default=10)
   a = p.parse_args()
   from data_pipelines import pipeline
-  from fot_jax import configs
+  from fot_jax import configs, crossbatch
   from fot_jax.curriculum import Schedule
   from fot_jax.train import TrainState, init_params, make_optimizer, make_train_step, stacked_plan
   config = _load(a.config)
@@ -59,12 +59,13 @@ def main():
   state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
   step_fn = make_train_step(cfg, optimizer, 1)
   sources, positive = stacked_plan(spec, rows, 1)
+  widths = crossbatch.pack_widths(sources, crossbatch.pack_size(spec))
   keys = ("inputs", "targets", "loss_mask")
-  state, m = step_fn(state, {k: batches[0][k] for k in keys}, sources, positive)  # compile
+  state, m = step_fn(state, {k: batches[0][k] for k in keys}, sources, positive, widths)  # compile
   jax.block_until_ready(m)
   t0 = time.perf_counter()
   for i in range(a.steps):
-    state, m = step_fn(state, {k: batches[(i + 1) % len(batches)][k] for k in keys}, sources, positive)
+    state, m = step_fn(state, {k: batches[(i + 1) % len(batches)][k] for k in keys}, sources, positive, widths)
   jax.block_until_ready(m)
   train_s = time.perf_counter() - t0
   train_tps = a.steps * rows * seq / train_s

@@ -17,6 +17,11 @@ Negatives (both notations) are the earlier windows (positions < j) of the other
 slots, enumerated nearest slot first (s+1, s+2, ... mod S) and, within a slot,
 latest window first. So analysis (d, w) is the segments plan with (w, (d-1)*w)
 at the last position and (0, 0) elsewhere.
+
+Each row's live sources come first, so `pack_widths` (one width per pack
+position, known on the host) tells the attention how many plan columns each
+pack position needs: rows are grouped by it and pay only for their own extra
+contexts (model/attention.py).
 """
 from __future__ import annotations
 
@@ -30,13 +35,38 @@ import numpy as np
 class Plan:
   sources: np.ndarray  # int32 [B, N]
   positive: np.ndarray  # bool [B, N]
+  pack: int = 1  # rows per pack (k): row = slot * k + pack position
 
   @property
   def num_sources(self) -> int:
     return self.sources.shape[1]
 
-  def as_tuple(self):
+  @property
+  def widths(self) -> Tuple[int, ...]:
+    return pack_widths(self.sources, self.pack)
+
+  def as_tuple(self, grouped: bool = True):
+    """The model's `plan` argument: (sources, positive, widths); grouped=False leaves the
+    widths out, so every row attends to all N columns (masked), as a traced plan does."""
+    if grouped:
+      return (self.sources, self.positive, self.widths)
     return (self.sources, self.positive)
+
+
+def pack_widths(sources, pack: int) -> Tuple[int, ...]:
+  """Per pack position j: how many leading plan columns hold every live source of the rows
+  at j (1 + the last live column), over all slots (and any leading axes, e.g. stacked
+  plans [accum, (groups,) rows, N]). A static tuple: the attention runs each width's rows
+  at that width instead of every row at N."""
+  sources = np.asarray(sources)
+  rows, n = sources.shape[-2:]
+  if pack <= 0 or rows % pack:
+    _fail("pack", f"{rows} plan rows are not whole packs of {pack}")
+  if n == 0:
+    return (0,) * pack
+  live = sources >= 0
+  last = np.where(live.any(-1), n - np.argmax(live[..., ::-1], -1), 0)
+  return tuple(int(x) for x in last.reshape(-1, pack).max(0))
 
 
 def _fail(field: str, msg: str):
@@ -71,7 +101,7 @@ def segments_plan(batch_size: int, segments: Sequence[Tuple[int, int]]) -> Plan:
       others = [((s + o) % slots) * k + (j - 1 - r) for o in range(1, slots) for r in range(j)][:n]
       sources[row, :p + n] = own + others
       positive[row, :p] = True
-  return Plan(sources, positive)
+  return Plan(sources, positive, k)
 
 
 def analysis_segments(d: int, w: int) -> list:

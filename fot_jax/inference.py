@@ -52,10 +52,13 @@ def _append(buf_k, buf_v, buf_m, k, v, m, at):
 
 class Memory:
   """Per-layer key/value memory: buffers [B, capacity, KV, D] and a live mask [B, capacity];
-  row b holds fill[b] entries (rows differ in batched generation)."""
+  row b holds fill[b] entries (rows differ in batched generation). dtype: of the stored keys
+  and values (LongLLaMA's mem_dtype); None: the model's compute dtype. Scores against them
+  are float32 either way."""
 
-  def __init__(self, cfg: ModelConfig, batch: int, dtype=jnp.float32, initial_capacity: int = 1024):
-    self.cfg, self.batch, self.dtype = cfg, batch, jnp.dtype(dtype)
+  def __init__(self, cfg: ModelConfig, batch: int, dtype=None, initial_capacity: int = 1024):
+    self.cfg, self.batch = cfg, batch
+    self.dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
     self.initial_capacity = initial_capacity
     self.clear()
 
@@ -177,7 +180,7 @@ class MemoryInference:
   """Window-by-window processing of long inputs with FoT memory."""
 
   def __init__(self, cfg: ModelConfig, params, window: int, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=jnp.float32, recall: float = 0.95):
+               chunk: int = 65536, mem_dtype=None, recall: float = 0.95):
     if mode not in MEMORY_MODES:
       raise ValueError(f"inference.mode: must be one of {MEMORY_MODES}, got {mode!r}")
     if window <= 0:

@@ -15,14 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax import configs, parallel
+from fot_jax import configs, crossbatch, parallel
 from fot_jax.train import make_optimizer, make_train_step, stacked_plan, state_shardings
 
 
 def _widest_spec(schedule, rows: int):
-  """The schedule's most expensive spec (most extra contexts per row): the one that must fit."""
-  from fot_jax import crossbatch
-  return max(schedule.all_specs(), key=lambda s: crossbatch.plan_from_spec(rows, s).num_sources)
+  """The schedule's most expensive spec (most extra contexts over all rows): the one that must fit."""
+  return max(schedule.all_specs(), key=lambda s: int((crossbatch.plan_from_spec(rows, s).sources >= 0).sum()))
 
 
 def plan(config) -> dict:
@@ -46,7 +45,8 @@ def plan(config) -> dict:
   plan_args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep) for x in (sources, positive)]
   step = make_train_step(cfg, optimizer, accum, mesh, rules)
   t0 = time.time()
-  compiled = step.lower(state, batch, *plan_args).compile()
+  widths = crossbatch.pack_widths(sources, crossbatch.pack_size(spec))
+  compiled = step.lower(state, batch, *plan_args, widths).compile()
   seconds = time.time() - t0
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()

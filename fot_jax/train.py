@@ -97,14 +97,16 @@ def lm_loss_sums(logits, targets, mask):
 
 
 def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None, rules=None):
-  """Returns step(state, batch, sources, positive) -> (state, metrics), jitted over `mesh`.
+  """Returns step(state, batch, sources, positive, widths=None) -> (state, metrics), jitted over `mesh`.
 
   batch: inputs/targets [B, T] int32, loss_mask [B, T] bool (already restricted
   to scored rows); optional accuracy_mask [B, T]: the tokens the `accuracy` metric
   counts (default: loss_mask). With accum_steps > 1 the batch is split into consecutive
   groups of whole packs and the plan arrays hold one plan per group
   ([accum, B/accum, N], indices local to the group; or [accum, G, B/(accum G), N] with
-  G crossbatch groups, see stacked_plan).
+  G crossbatch groups, see stacked_plan). widths (static, a tuple: crossbatch.pack_widths of
+  the plan) lets each pack position's rows attend to only their own extra contexts; None
+  makes every row attend to all N plan columns (masked), with the same result.
 
   State shardings come from the logical-axis `rules` (default parallel.DEFAULT_RULES),
   the batch is split over the batch axes, plans and metrics are replicated; the state is
@@ -115,18 +117,20 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
   if mesh is None:
     mesh = parallel.make_mesh(None, devices=jax.devices()[:1])
 
-  def micro_sums(params, inputs, targets, mask, acc_mask, sources, positive):
-    plan = (sources, positive) if sources.shape[-1] else None
+  def micro_sums(params, inputs, targets, mask, acc_mask, sources, positive, widths):
+    plan = None
+    if sources.shape[-1]:
+      plan = (sources, positive) if widths is None else (sources, positive, widths)
     logits, aux = model.apply({"params": params}, inputs, plan=plan)
     loss_sum, _, count = lm_loss_sums(logits, targets, mask)
     _, correct, acc_count = lm_loss_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
     return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"])
 
-  def step(state: TrainState, batch, sources, positive):
+  def step(state: TrainState, batch, sources, positive, widths=None):
     with nn.logical_axis_rules(rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      return step_body(state, batch, sources, positive)
+      return step_body(state, batch, sources, positive, widths)
 
-  def step_body(state: TrainState, batch, sources, positive):
+  def step_body(state: TrainState, batch, sources, positive, widths):
     def split(x):  # each accumulation group is spread over all batch shards again
       x = x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:])
       return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
@@ -138,7 +142,7 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
 
     def body(carry, x):
       grads, sums = carry
-      (loss_sum, rest), g = grad_fn(state.params, *x)
+      (loss_sum, rest), g = grad_fn(state.params, *x, widths)
       grads = jax.tree_util.tree_map(jnp.add, grads, g)
       sums = sums + jnp.stack([loss_sum, *rest])
       return (grads, sums), None
@@ -159,7 +163,7 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
   _, state_sh = state_shardings(cfg, optimizer, mesh, rules)
   rep = parallel.replicated(mesh)
   return jax.jit(step, in_shardings=(state_sh, parallel.batch_sharding(mesh, rules), rep, rep),
-                 out_shardings=(state_sh, rep), donate_argnums=(0,))
+                 out_shardings=(state_sh, rep), donate_argnums=(0,), static_argnums=(4,))
 
 
 def stacked_plan(spec, batch_rows: int, accum_steps: int, groups: int = 1):
@@ -373,7 +377,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         write_model_json(workdir, model_cfg, window=seq, **(model_meta or {}))
       sources, positive = stacked_plan(spec, global_rows, accum, groups)
       state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
-                               parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh))
+                               parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh),
+                               crossbatch.pack_widths(sources, crossbatch.pack_size(spec)))
       metrics = {k: float(v) for k, v in metrics.items()}
       schedule.observe(step, metrics)
       tokens_seen += global_rows * seq

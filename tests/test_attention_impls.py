@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fot_jax import crossbatch as cb
 from fot_jax.model import attention_ops as ops
 from fot_jax.model import memory as mem
 from tests.test_attention_reference import (PLANS, _cfg, _inputs, _model_setup, _params,
@@ -164,3 +165,122 @@ def test_unknown_impl_is_rejected():
     _cfg(attention_impl="flash")
   with pytest.raises(ValueError, match="model.attention_block"):
     _cfg(attention_block=0)
+
+
+# ----------------------------------------------------------------------------- rows pay for their own contexts
+
+LONGLLAMA = [(0, 0), (1, 1), (2, 1), (3, 0)]  # LongLLaMA-3B's segments plan: widths 0, 2, 3, 3
+
+
+def test_pack_widths():
+  plan = cb.segments_plan(8, LONGLLAMA)
+  assert plan.widths == (0, 2, 3, 3) and plan.pack == 4
+  assert cb.analysis_plan(6, 3, 1).widths == (0, 3)
+  assert cb.empty_plan(4).widths == (0,)
+  stacked = np.stack([plan.sources, np.full_like(plan.sources, -1)])  # [accum, rows, N]
+  assert cb.pack_widths(stacked, 4) == (0, 2, 3, 3)
+  ragged = plan.sources.copy()
+  ragged[5, :] = -1
+  ragged[5, 2] = 3  # a live source behind a dead column still counts
+  assert cb.pack_widths(ragged, 4) == (0, 3, 3, 3)
+  with pytest.raises(ValueError, match="whole packs"):
+    cb.pack_widths(plan.sources, 3)
+
+
+@pytest.mark.parametrize("impl,device_groups,grad", [("dense", False, False), ("blockwise", True, True)])
+def test_grouped_by_width_equals_padded(impl, device_groups, grad):
+  """Static widths (each pack position's rows attend to only their own contexts) give the
+  padded result (every row attends to all N columns, masked): forward, r_d, gradients
+  (the grouping is the same code for every impl; blockwise's custom VJP is the harder case)."""
+  plan = cb.segments_plan(8, LONGLLAMA)
+  sources, positive = plan.sources, plan.positive
+  if device_groups:  # crossbatch_scope='device': [G, rows/G, N], indices local to a group
+    sources, positive = np.stack([sources, sources]), np.stack([positive, positive])
+  batch = 16 if device_groups else 8
+  cfg = _cfg(attention_impl=impl, attention_block=4)
+  mod, params = _params(cfg, batch)
+  x, positions, mask = _inputs(batch, masked=True)
+  weights = _weights(batch, mask)
+
+  def run(params, x, widths):
+    plan_arg = (sources, positive) if widths is None else (sources, positive, widths)
+    out, aux = mod.apply({"params": params}, x, jnp.asarray(positions), jnp.asarray(mask), plan=plan_arg)
+    return jnp.sum(out * weights), (out, aux)
+
+  def both(params, x):  # one compile for the two paths
+    f = jax.value_and_grad(run, argnums=(0, 1), has_aux=True) if grad else run
+    return f(params, x, None), f(params, x, plan.widths)
+
+  padded, grouped = jax.jit(both)(params, jnp.asarray(x))
+  if grad:
+    (padded, g_p), (grouped, g_g) = padded, grouped
+    for a, b in zip(jax.tree_util.tree_leaves(g_g), jax.tree_util.tree_leaves(g_p)):
+      np.testing.assert_allclose(a, b, atol=1e-6 * np.abs(b).max(), rtol=1e-5)
+  (_, (out_p, aux_p)), (_, (out_g, aux_g)) = padded, grouped
+  np.testing.assert_allclose(out_g, out_p, atol=1e-6, rtol=1e-6)
+  assert float(aux_g["rd_den"]) == float(aux_p["rd_den"]) > 0
+  np.testing.assert_allclose(float(aux_g["rd_num"]), float(aux_p["rd_num"]), rtol=1e-6)
+
+
+def test_grouped_by_width_computes_only_live_contexts():
+  """XLA's FLOP count of the memory layer: the extra-context work of the grouped path is the
+  padded path's times (sum of widths) / (k * N), i.e. only the live contexts are computed."""
+  plan = cb.segments_plan(8, LONGLLAMA)
+  cfg = _cfg(attention_impl="dense")
+  mod, params = _params(cfg, 8)
+  x, positions, mask = (jnp.asarray(a) for a in _inputs(8))
+
+  def flops(plan_arg):
+    f = jax.jit(lambda p, x: mod.apply({"params": p}, x, positions, mask, plan=plan_arg)[0])
+    cost = f.lower(params, x).compile().cost_analysis()
+    return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+
+  base = flops(None)
+  padded = flops(plan.as_tuple(grouped=False)) - base
+  grouped = flops(plan.as_tuple()) - base
+  want = sum(plan.widths) / (plan.pack * plan.num_sources)  # 8 / 12
+  assert grouped / padded == pytest.approx(want, rel=0.1)
+
+
+# ----------------------------------------------------------------------------- bf16 compute
+
+def test_bf16_softmax_statistics_stay_float32():
+  """bf16 queries/keys/values: every impl's running max, sum, weighted values and positive mass
+  (and memory's) are float32."""
+  q, k, v, mask, q_pos, ek, ev, emask, positive = (
+      a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a for a in _blocks())
+  for impl in ("dense", "blockwise"):
+    for part in (jax.eval_shape(functools.partial(ops.attend, impl=impl, block=3), q, k, v, mask, q_pos),
+                 jax.eval_shape(functools.partial(ops.attend, impl=impl, block=3), q, ek, ev, emask,
+                                positive=positive)):
+      assert {str(x.dtype) for x in part if x is not None} == {"float32"}, (impl, part)
+  block = mem.MemoryBlock(ek, ev, emask, positive)
+  for part in (jax.eval_shape(lambda q: mem.dense_memory_partial(q, [block], 4), q),
+               jax.eval_shape(lambda q: mem.topk_memory_partial(q, [block], 3, 4), q)):
+    assert {str(x.dtype) for x in part if x is not None} == {"float32"}
+
+
+def test_bf16_forward_close_to_float32_and_memory_in_bf16():
+  """bf16 compute (float32 parameters) against float32: logits within 3% of their largest
+  magnitude, with crossbatch (r_d too); inference memory is stored in the compute dtype
+  (LongLLaMA's mem_dtype) unless mem_dtype is given."""
+  from fot_jax.inference import MemoryInference
+  from fot_jax.model.llama import LlamaModel
+  cfg, model, variables, tokens = _model_setup()
+  plan = cb.analysis_plan(6, 2, 1).as_tuple()
+  bf16 = dataclasses.replace(cfg, dtype="bfloat16")
+  run = lambda m: jax.jit(lambda v: m.apply(v, tokens, plan=plan))(variables)
+  want, aux = run(model)
+  got, aux16 = run(LlamaModel(bf16))
+  err = float(jnp.abs(got - want).max())
+  assert 0 < err <= 0.03 * float(jnp.abs(want).max()), err
+  assert float(aux16["rd_den"]) == float(aux["rd_den"])
+  np.testing.assert_allclose(float(aux16["rd_num"]), float(aux["rd_num"]), rtol=0.03)
+
+  # Inference memory: the compute dtype unless mem_dtype says otherwise.
+  kv = (jnp.ones((2, 4, cfg.kv_heads, cfg.dim_per_head)),) * 2
+  for c, mem_dtype, want_dtype in ((cfg, None, jnp.float32), (bf16, None, jnp.bfloat16),
+                                   (cfg, jnp.bfloat16, jnp.bfloat16)):
+    memory = MemoryInference(c, variables["params"], window=4, mem_dtype=mem_dtype).new_memory(2)
+    memory.add({1: kv}, np.ones((2, 4), bool))
+    assert memory.buffers[1][0].dtype == want_dtype and memory.buffers[1][1].dtype == want_dtype

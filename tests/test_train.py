@@ -103,3 +103,21 @@ def test_init_from_refuses_other_positions(tmp_path):
     params_from_checkpoint(str(tmp_path / "ck"), CFG)
   with pytest.raises(ValueError, match="rope_theta=10000.0"):
     params_from_checkpoint(str(tmp_path / "ck"), dataclasses.replace(cfg, rope_theta=500.0))
+
+
+def test_bf16_step_keeps_float32_parameters_and_optimizer_state():
+  """bf16 compute: the step's parameters, AdamW moments and gradient norm stay float32
+  (traced with eval_shape: nothing is compiled)."""
+  import dataclasses
+  cfg = dataclasses.replace(CFG, dtype="bfloat16")
+  opt = make_optimizer({"lr": 1e-3, "weight_decay": 0.1, "clip_norm": 1.0})
+  params = jax.eval_shape(lambda: init_params(cfg, 0))
+  state = jax.eval_shape(lambda p: TrainState(jnp.zeros((), jnp.int32), p, opt.init(p)), params)
+  batch = {"inputs": jax.ShapeDtypeStruct((4, 8), jnp.int32), "targets": jax.ShapeDtypeStruct((4, 8), jnp.int32),
+           "loss_mask": jax.ShapeDtypeStruct((4, 8), jnp.bool_)}
+  src, pos = (np.asarray(a)[None] for a in crossbatch.analysis_plan(4, 2, 1).as_tuple(grouped=False))
+  new_state, metrics = jax.eval_shape(make_train_step(cfg, opt), state, batch, src, pos)
+  floats = {str(x.dtype) for x in jax.tree_util.tree_leaves((new_state.params, new_state.opt_state))
+            if jnp.issubdtype(x.dtype, jnp.floating)}
+  assert floats == {"float32"}
+  assert metrics["grad_norm"].dtype == jnp.float32

@@ -222,7 +222,7 @@ class Pretrained:
     return MemoryInference(self.cfg, self.params, window, mode, topk, chunk, mem_dtype)
 
   def logits_with_memory(self, tokens, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
-                         token_mask=None, chunk: int = 65536, mem_dtype=jnp.float32) -> np.ndarray:
+                         token_mask=None, chunk: int = 65536, mem_dtype=None) -> np.ndarray:
     """FoT memory inference (fot_jax.inference): windows of `window` tokens, earlier windows'
     memory-layer keys/values in memory. tokens [B, L] -> [B, L, V]."""
     infer = self._inference(window, mode, topk, chunk, mem_dtype)
@@ -231,7 +231,7 @@ class Pretrained:
 
   def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
                seed: int = 0, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=jnp.float32):
+               chunk: int = 65536, mem_dtype=None):
     """prompt: 1-D tokens, [B, L] tokens or a list of 1-D prompts -> the same form with
     max_new_tokens appended; greedy (temperature 0) or sampled (temperature, top_p), with a
     key/value cache of the current window and memory of the earlier ones

@@ -6,6 +6,7 @@ from typing import Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fot_jax.model import attention_ops as ops
 from fot_jax.model import memory as mem
@@ -145,37 +146,96 @@ class Attention(nn.Module):
     [G, B/G, N] with indices local to each group of B/G consecutive rows. Groups keep
     the gather inside a group, so with the batch split over G devices a row's
     contexts never leave its device (crossbatch_scope='device').
+
+    An optional third entry, widths (static: crossbatch.pack_widths), gives per pack
+    position j (row % k) how many leading columns hold its live sources: the rows of
+    each width attend to that many contexts only, instead of every row to all N.
     """
-    sources, positive = plan
+    sources, positive = plan[:2]
+    widths = plan[2] if len(plan) > 2 else None
     b, t, kv, d = k_mem.shape
     if sources.ndim == 2:
       sources, positive = sources[None], positive[None]
     groups, rows, n = sources.shape
-    live = sources >= 0
-    src = jnp.where(live, sources, 0)
+    axis = 0 if groups > 1 else 1  # the row axis that follows the batch
 
     # Sharding: the row axis (groups, or rows when there is one group) follows the
     # batch; without these constraints GSPMD replicates the gathered contexts.
     def rows_axis(ndim, axis):
       return tuple("batch" if i == axis else None for i in range(ndim))
 
-    def gather(x):  # [B, ...] -> [G, B/G, N, ...], rows taken within their group
+    def grouped(x):  # [B, ...] -> [G, B/G, ...]
       x = x.reshape((groups, rows) + x.shape[1:])
-      axis = 0 if groups > 1 else 1
-      x = nn.with_logical_constraint(x, rows_axis(x.ndim, axis))
-      out = jax.vmap(lambda xg, sg: xg[sg])(x, src)
-      return nn.with_logical_constraint(out, rows_axis(out.ndim, axis))
+      return nn.with_logical_constraint(x, rows_axis(x.ndim, axis))
 
-    ek = nn.with_logical_constraint(gather(k_mem).reshape(b, n * t, kv, d), rows_axis(4, 0))  # [B, N*T, KV, D]
-    ev = nn.with_logical_constraint(gather(v).reshape(b, n * t, kv, d), rows_axis(4, 0))
-    if self.cfg.mem_stop_gradient:
-      ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
-    emask = (live[..., None] & gather(token_mask)).reshape(b, n * t)
-    epos = jnp.broadcast_to(positive[..., None], (groups, rows, n, t)).reshape(b, n * t)
-    part = ops.attend(q, ek, ev, emask, positive=epos, impl=self.cfg.attention_impl,
-                      block=self.cfg.attention_block)
-    qmask = token_mask[:, None, None, :] & jnp.any(emask, axis=1)[:, None, None, None]
+    kg, vg, mg = grouped(k_mem), grouped(v), grouped(token_mask)
+
+    def extra(qs, src, pos):
+      """qs [G, R, T, KV, G', D] attend to sources src/pos [G, R, w] -> Partial over [G*R], has [G*R]."""
+      r, w = src.shape[1:]
+      live = src >= 0
+      idx = jnp.where(live, src, 0)
+
+      def gather(x):  # [G, B/G, ...] -> [G, R, w, ...], rows taken within their group
+        out = jax.vmap(lambda xg, sg: xg[sg])(x, idx)
+        return nn.with_logical_constraint(out, rows_axis(out.ndim, axis))
+
+      ek = nn.with_logical_constraint(gather(kg).reshape(groups * r, w * t, kv, d), rows_axis(4, 0))
+      ev = nn.with_logical_constraint(gather(vg).reshape(groups * r, w * t, kv, d), rows_axis(4, 0))
+      if self.cfg.mem_stop_gradient:
+        ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
+      emask = (live[..., None] & gather(mg)).reshape(groups * r, w * t)
+      epos = jnp.broadcast_to(pos[..., None], (groups, r, w, t)).reshape(groups * r, w * t)
+      part = ops.attend(qs.reshape((groups * r,) + qs.shape[2:]), ek, ev, emask, positive=epos,
+                        impl=self.cfg.attention_impl, block=self.cfg.attention_block)
+      return part, jnp.any(emask, axis=1)
+
+    if widths is None:
+      part, has = extra(grouped(q), sources, positive)
+    else:
+      part, has = self._by_width(extra, grouped(q), sources, positive, tuple(int(x) for x in widths))
+    qmask = token_mask[:, None, None, :] & has[:, None, None, None]
     return part, _rd_aux(part, qmask)
+
+  @staticmethod
+  def _by_width(extra, qg, sources, positive, widths):
+    """Rows grouped by the static width of their pack position: each width's rows attend to
+    that many plan columns (none for width 0), then the results go back to row order."""
+    groups, rows, n = sources.shape
+    k = len(widths)
+    if rows % k:
+      raise ValueError(f"crossbatch plan: {rows} rows per group are not whole packs of {k} (widths {widths})")
+    if max(widths) > n:
+      raise ValueError(f"crossbatch plan: widths {widths} exceed the plan's {n} columns")
+    packs = rows // k
+
+    def at(x, js):  # [G, B/G, ...] -> [G, packs * len(js), ...]: the rows at pack positions js
+      x = x.reshape((groups, packs, k) + x.shape[2:])
+      x = x[:, :, js[0]:js[-1] + 1] if js == list(range(js[0], js[-1] + 1)) else x[:, :, np.asarray(js)]
+      return x.reshape((groups, packs * len(js)) + x.shape[3:])
+
+    pieces = {}  # pack position -> (Partial fields, has), each [G * packs, ...]
+    for w in sorted(set(widths)):
+      js = [j for j in range(k) if widths[j] == w]
+      if w == 0:
+        _, _, t, kv, g, d = qg.shape
+        shape = (groups * packs, len(js), kv, g, t)
+        fields = (jnp.full(shape, mem.NEG, jnp.float32), jnp.zeros(shape, jnp.float32),
+                  jnp.zeros(shape + (d,), jnp.float32), jnp.zeros(shape, jnp.float32))
+        has = jnp.zeros((groups * packs, len(js)), bool)
+      else:
+        part, has = extra(at(qg, js), at(sources, js)[..., :w], at(positive, js)[..., :w])
+        fields = tuple(f.reshape((groups * packs, len(js)) + f.shape[1:]) for f in part)
+        has = has.reshape(groups * packs, len(js))
+      for i, j in enumerate(js):
+        pieces[j] = (tuple(f[:, i] for f in fields), has[:, i])
+
+    def assemble(parts):  # k arrays [G * packs, ...] -> [B, ...] in row order
+      x = jnp.stack(parts, axis=1)
+      return x.reshape((-1,) + x.shape[2:])
+
+    fields = [assemble([pieces[j][0][f] for j in range(k)]) for f in range(4)]
+    return mem.Partial(*fields), assemble([pieces[j][1] for j in range(k)])
 
 
 def _rd_aux(part: mem.Partial, qmask):

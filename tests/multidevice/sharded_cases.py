@@ -76,8 +76,9 @@ def test_indivisible_dimension_fails_before_tracing():
     parallel.check_batch_rows(6, parallel.make_mesh(MESH_222), RULES)
 
 
-def _step(mesh, spec, accum=1, groups=1):
-  """One SGD(1) step: returns (metrics, parameter update = -gradient)."""
+def _step(mesh, spec, accum=1, groups=1, grouped=True):
+  """One SGD(1) step: returns (metrics, parameter update = -gradient). grouped: pass the plan's
+  static widths (rows attend to only their own contexts); False: every row to all N, masked."""
   opt = optax.sgd(1.0)
   batch = DictionaryBatches(TASK, slots=8, window=TASK.doc_len // 2, seed=0)(0)
   rows = batch["inputs"].shape[0]
@@ -87,7 +88,8 @@ def _step(mesh, spec, accum=1, groups=1):
   sources, positive = stacked_plan(spec, rows, accum, groups)
   step = make_train_step(CFG, opt, accum, mesh, RULES)
   state, metrics = step(state, parallel.global_batch(batch, parallel.batch_sharding(mesh, RULES)),
-                        parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh))
+                        parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh),
+                        crossbatch.pack_widths(sources, crossbatch.pack_size(spec)) if grouped else None)
   delta = jax.tree_util.tree_map(lambda a, b: np.asarray(a) - b, state.params, before)
   return {k: float(v) for k, v in metrics.items()}, delta
 
@@ -105,8 +107,8 @@ def test_sharded_fot_step_matches_one_device():
   (4 slots, spread over the 4 shards). With d=4 every last window sees the first windows
   of 3 other slots, which live on other devices."""
   spec = {"d": 4, "w": 1}
-  one = _step(parallel.make_mesh(None, devices=jax.devices()[:1]), spec, accum=2)
-  eight = _step(parallel.make_mesh(MESH_222), spec, accum=2)
+  one = _step(parallel.make_mesh(None, devices=jax.devices()[:1]), spec, accum=2, grouped=False)
+  eight = _step(parallel.make_mesh(MESH_222), spec, accum=2)  # rows grouped by width, sharded
   assert np.isfinite(one[0]["rd"]) and one[0]["rd"] < 1.0  # negatives present
   _assert_same(one, eight)
 
@@ -117,6 +119,6 @@ def test_device_scope_crossbatch_matches_one_device_and_stays_local():
   assert sources.shape == (1, 4, 4, 2)  # indices local to each group of 4 rows
   assert sources.max() < 4
   spec = {"d": 2, "w": 1}
-  one = _step(parallel.make_mesh(None, devices=jax.devices()[:1]), spec, groups=4)
+  one = _step(parallel.make_mesh(None, devices=jax.devices()[:1]), spec, groups=4, grouped=False)
   eight = _step(parallel.make_mesh(MESH_222), spec, groups=4)
   _assert_same(one, eight)

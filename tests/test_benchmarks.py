@@ -1,0 +1,38 @@
+"""benchmarks/accelerator_check.sh stays green on CPU in its reduced form."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from benchmarks import accelerator_check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_accelerator_check_reduced_runs_on_cpu(tmp_path):
+  env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "accelerator_check.sh"), "--reduced"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  r = json.loads((tmp_path / "tiny_dense_d2.json").read_text())
+  assert r["backend"] == "cpu" and r["mfu"] is None and r["dtype"] == "bfloat16"
+  assert r["peak_source"] == "memory_analysis" and r["peak_bytes"] == r["compiled_bytes"] > 0
+  assert r["step_s"] > 0 and np.isfinite(r["loss"]) and len(r["times_s"]) == 2
+  # Model FLOPs from the tiny model's shape (2 layers: hidden 32, 4 heads of 8 and 2 kv heads,
+  # intermediate 64, vocab 64, untied), 4 rows x 16 tokens, d=2: the 2 last windows see 2 extra windows.
+  h, kv, mlp, vocab, t, rows = 32, 16, 64, 64, 16, 4
+  matmul = 2 * (h * h + 2 * h * kv + h * h + 3 * h * mlp) + h * vocab
+  attention = 12 * t * t * h * (rows * 2 + 2 * 2)  # every row's window in 2 layers + 4 extra windows
+  assert r["model_flops"] == 6 * matmul * rows * t + attention
+  assert "tiny d=2" in proc.stdout and "(0 failed)" in proc.stdout
+
+
+def test_accelerator_peak_table():
+  assert accelerator_check.peak_flops("NVIDIA H200") == 989e12
+  assert accelerator_check.peak_flops("NVIDIA H100 PCIe") == 756e12
+  assert accelerator_check.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+  assert accelerator_check.peak_flops("TPU v5 lite") == 197e12
+  assert accelerator_check.peak_flops("TPU v4") == 275e12
+  assert accelerator_check.peak_flops("cpu") is None
