@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from fot_jax.model import attention_ops as ops
+from fot_jax.model import context_parallel as cp
 from fot_jax.model import memory as mem
 from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
@@ -79,6 +80,10 @@ class Attention(nn.Module):
     if strategy and cache is not None:
       raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)}: not supported with cached "
                        f"generation; score the prompt with process() / logits_with_memory()")
+    seq_par = cp.active() and cache is None  # the window is split over the mesh's context axis
+    if seq_par and strategy:
+      raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)}: not supported with "
+                       f"mesh.context > 1")
     aux = {}
     if cache is not None:
       keys, values, mem_keys, fill = cache
@@ -113,7 +118,7 @@ class Attention(nn.Module):
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
 
     backend = ops.fused_backend(q.dtype) if impl == "fused" else None
-    if extra is None and cache is None and backend and not strategy:  # nothing to merge with: the backend's kernel
+    if extra is None and cache is None and backend and not strategy and not seq_par:  # nothing to merge with: the backend's kernel
       out = ops.fused_causal(q, k, v, token_mask, backend)
     else:
       if strategy:  # Self-Extend / LM-Infinite: their own positions and visibility over the window
@@ -122,7 +127,8 @@ class Attention(nn.Module):
         local = mem.block_partial(local_scores, causal[None, None, None] & token_mask[:, None, None, None, :]
                                   & visible, v)
       else:
-        local = ops.attend(q, keys, values, key_mask, q_pos, impl=impl, block=block)
+        local = self._sequence_parallel(q, keys, values, key_mask, causal=True) if seq_par else \
+            ops.attend(q, keys, values, key_mask, q_pos, impl=impl, block=block)
       if extra is None:
         out = mem.finish(local)
       elif cfg.mem_gating:
@@ -155,27 +161,36 @@ class Attention(nn.Module):
     src = jnp.where(live, sources, 0)
 
     # Sharding: the row axis (groups, or rows when there is one group) follows the
-    # batch; without these constraints GSPMD replicates the gathered contexts.
-    def rows_axis(ndim, axis):
-      return tuple("batch" if i == axis else None for i in range(ndim))
+    # batch, the token axis the window's (split over `context` when that is > 1); without
+    # these constraints GSPMD replicates the gathered contexts.
+    def rows_axis(ndim, axis, length=None):
+      return tuple("batch" if i == axis else "length" if i == length else None for i in range(ndim))
 
-    def gather(x):  # [B, ...] -> [G, B/G, N, ...], rows taken within their group
+    def gather(x):  # [B, T, ...] -> [G, B/G, N, T, ...], rows taken within their group
       x = x.reshape((groups, rows) + x.shape[1:])
       axis = 0 if groups > 1 else 1
-      x = nn.with_logical_constraint(x, rows_axis(x.ndim, axis))
+      x = nn.with_logical_constraint(x, rows_axis(x.ndim, axis, 2))
       out = jax.vmap(lambda xg, sg: xg[sg])(x, src)
-      return nn.with_logical_constraint(out, rows_axis(out.ndim, axis))
+      return nn.with_logical_constraint(out, rows_axis(out.ndim, axis, 3))
 
-    ek = nn.with_logical_constraint(gather(k_mem).reshape(b, n * t, kv, d), rows_axis(4, 0))  # [B, N*T, KV, D]
-    ev = nn.with_logical_constraint(gather(v).reshape(b, n * t, kv, d), rows_axis(4, 0))
+    ek, ev = (nn.with_logical_constraint(gather(x).reshape(b, n, t, kv, d), rows_axis(5, 0, 2)) for x in (k_mem, v))
     if self.cfg.mem_stop_gradient:
       ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
-    emask = (live[..., None] & gather(token_mask)).reshape(b, n * t)
-    epos = jnp.broadcast_to(positive[..., None], (groups, rows, n, t)).reshape(b, n * t)
-    part = ops.attend(q, ek, ev, emask, positive=epos, impl=self.cfg.attention_impl,
-                      block=self.cfg.attention_block)
-    qmask = token_mask[:, None, None, :] & jnp.any(emask, axis=1)[:, None, None, None]
+    emask = (live[..., None] & gather(token_mask)).reshape(b, n, t)
+    epos = jnp.broadcast_to(positive[..., None], (groups, rows, n, t)).reshape(b, n, t)
+    if cp.active():  # each extra context stays split over `context` like the window
+      part = self._sequence_parallel(q, ek, ev, emask, causal=False, positive=epos)
+    else:
+      ek, ev = (nn.with_logical_constraint(x.reshape(b, n * t, kv, d), rows_axis(4, 0)) for x in (ek, ev))
+      part = ops.attend(q, ek, ev, emask.reshape(b, n * t), positive=epos.reshape(b, n * t),
+                        impl=self.cfg.attention_impl, block=self.cfg.attention_block)
+    qmask = token_mask[:, None, None, :] & jnp.any(emask, axis=(1, 2))[:, None, None, None]
     return part, _rd_aux(part, qmask)
+
+  def _sequence_parallel(self, q, k, v, key_mask, causal, positive=None):
+    cfg = self.cfg
+    return cp.attend(q, k, v, key_mask, causal=causal, positive=positive, strategy=cfg.context_parallel,
+                     layout=cfg.context_layout, impl=cfg.attention_impl, block=cfg.attention_block)
 
 
 def _rd_aux(part: mem.Partial, qmask):
