@@ -15,7 +15,7 @@ communication per device of ring, all-gather and Ulysses, next to the textbook's
    the loops around it (collective-permute: its buffer; all-gather / all-to-all /
    reduce-scatter: (n-1)/n of the gathered / exchanged buffer; all-reduce: 2 (n-1)/n).
 
-  python -m benchmarks.context_parallel                  # ~3 minutes on 2 CPU cores
+  python -m benchmarks.context_parallel                  # 210 s of CPU (2 cores)
   python -m benchmarks.context_parallel --parts comm --tokens 32768
 """
 from __future__ import annotations
