@@ -96,18 +96,20 @@ def test_every_strategy_and_layout_equals_one_device_attention():
 # ----------------------------------------------------------------------------- the model
 
 def test_memory_layer_model_with_crossbatch_and_memory_under_context_parallel():
-  """data=4 x context=2, Ulysses (kv heads split) with striped tokens, memory positions 'none':
-  logits, r_d and parameter gradients of a crossbatch forward, and logits of memory
-  inference (dense memory of earlier windows), equal the unsharded model's."""
-  cfg = get_size("tiny", mem_positions="none", context_parallel="ulysses", context_layout="striped")
+  """data=2 x tensor=2 x context=2 (heads split over tensor too), Ulysses (kv heads split: 4
+  heads, 2 per tensor shard) with striped tokens, memory positions 'none': logits, r_d and
+  parameter gradients of a crossbatch forward, and logits of memory inference (dense memory
+  of earlier windows), equal the unsharded model's."""
+  cfg = get_size("tiny", num_kv_heads=4, mem_positions="none", context_parallel="ulysses",
+                 context_layout="striped")
   model = LlamaModel(cfg)
   rng = np.random.default_rng(3)
   tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (4, 16)), jnp.int32)
   shapes = nn.meta.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens))
   params = jax.tree_util.tree_map(lambda a: jnp.asarray(rng.normal(0, 0.2, a.shape), jnp.float32), shapes)
   plan = cb.analysis_plan(4, 2, 1).as_tuple()
-  memory = {1: [mem.MemoryBlock(jnp.asarray(rng.normal(0, 1, (4, 24, 2, 8)), jnp.float32),
-                                jnp.asarray(rng.normal(0, 1, (4, 24, 2, 8)), jnp.float32),
+  memory = {1: [mem.MemoryBlock(jnp.asarray(rng.normal(0, 1, (4, 24, 4, 8)), jnp.float32),
+                                jnp.asarray(rng.normal(0, 1, (4, 24, 4, 8)), jnp.float32),
                                 jnp.asarray(rng.random((4, 24)) < 0.8))]}
   weights = jnp.asarray(rng.normal(0, 1, (4, 16, cfg.vocab_size)), jnp.float32)
 
@@ -128,7 +130,7 @@ def test_memory_layer_model_with_crossbatch_and_memory_under_context_parallel():
 
   one_mesh = parallel.make_mesh(None, devices=jax.devices()[:1])
   want = jax.jit(_under(one_mesh, run(None)))(params)
-  mesh = parallel.make_mesh({"data": 4, "context": 2})
+  mesh = parallel.make_mesh({"data": 2, "tensor": 2, "context": 2})
   got = jax.jit(_under(mesh, run(cp.permutation(16, 2, "striped"))))(_put(mesh, params))
   assert 0 < float(want[1]) < 1
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
