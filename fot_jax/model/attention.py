@@ -118,7 +118,8 @@ class Attention(nn.Module):
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
 
     backend = ops.fused_backend(q.dtype) if impl == "fused" else None
-    if extra is None and cache is None and backend and not strategy and not seq_par:  # nothing to merge with: the backend's kernel
+    # Nothing to merge with: the backend's kernel.
+    if extra is None and cache is None and backend and not (strategy or seq_par):
       out = ops.fused_causal(q, k, v, token_mask, backend)
     else:
       if strategy:  # Self-Extend / LM-Infinite: their own positions and visibility over the window
