@@ -54,6 +54,10 @@ def test_bad_settings_fail_naming_the_field():
   with pytest.raises(ValueError, match="data.window: 24 tokens do not split into 16 equal chunks for mesh.context=8"):
     cp.check_length(24, 8, "zigzag", "data.window")
   cp.check_length(24, 8, "striped")  # 8 chunks of 3
+  with pytest.raises(ValueError, match="neither 1 kv heads nor 2 query heads per tensor shard split over mesh.context=4"):
+    cp.check_heads("ulysses", 4, 2, 4, tensor=2)
+  cp.check_heads("ulysses", 8, 2, 4, tensor=2)  # 4 query heads per shard, kv heads copied
+  cp.check_heads("ring", 4, 2, 4, tensor=2)
 
 
 def test_experiment_window_must_split_over_the_context_axis():
@@ -63,4 +67,10 @@ def test_experiment_window_must_split_over_the_context_axis():
   assert config.mesh.context == 8 and config.data.window == 32768
   config.data.window = 32768 - 8
   with pytest.raises(ValueError, match="data.window: 32760 tokens do not split into 16 equal chunks"):
+    configs.validate(config, check_data=False)
+  config.data.window = 32768
+  config.model.overrides.context_parallel = "ulysses"
+  configs.validate(config, check_data=False)  # 32 kv heads (MHA) / tensor=2: 16 per shard split over 8
+  config.model.overrides.num_kv_heads, config.mesh.tensor, config.mesh.fsdp = 8, 8, 2
+  with pytest.raises(ValueError, match="ulysses.*neither 1 kv heads nor 4 query heads per tensor shard"):
     configs.validate(config, check_data=False)

@@ -73,6 +73,17 @@ def check_length(t: int, n: int, layout: str, what: str = "window") -> None:
                      f"with layout {layout!r}; make the window a multiple of {parts}")
 
 
+def check_heads(strategy: str, heads: int, kv_heads: int, n: int, tensor: int = 1) -> None:
+  """Ulysses splits heads over `context`: the kv heads of a tensor shard (all of them when
+  tensor does not divide them, as `attend` shards them), or else its query heads (each with
+  its own copy of its kv head), must divide by n."""
+  if kv_heads % tensor == 0:
+    heads, kv_heads = heads // tensor, kv_heads // tensor
+  if strategy == "ulysses" and kv_heads % n and heads % n:
+    raise ValueError(f"model.context_parallel='ulysses': neither {kv_heads} kv heads nor {heads} query heads "
+                     f"per tensor shard split over mesh.context={n}; use 'ring' or 'allgather'")
+
+
 def to_layout(x, perm, axis: int = 1):
   """Puts the token axis in layout order (a gather with a static index: local when the
   axis is not yet split)."""
@@ -372,11 +383,9 @@ def _allgather(q, k, v, mask, positive, causal, layout, n, impl, block):
 def _ulysses(q, k, v, mask, positive, causal, layout, n, impl, block):
   """All-to-all to a head split (every token, heads/n), attention, all-to-all back."""
   b, c, kvh, g, d = q.shape
+  check_heads("ulysses", kvh * g, kvh, n)
   grouped = kvh % n == 0
   if not grouped:  # fewer kv heads than devices: each query head takes its own copy
-    if (kvh * g) % n:
-      raise ValueError(f"model.context_parallel='ulysses': {kvh * g} query heads per device do not split "
-                       f"over mesh.context={n}; use 'ring' or 'allgather'")
     k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
     q = q.reshape(b, c, kvh * g, 1, d)
   to_heads = lambda x: jax.lax.all_to_all(x, AXIS, 2, 1, tiled=True)  # [b, c, H] -> [b, T, H/n]
