@@ -210,6 +210,14 @@ def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch
   if not sizes or -1 in sizes.values():
     return  # the device count decides; checked again when the mesh is built
   dcn = {a: int(mesh_cfg.get(f"dcn_{a}", 1)) for a in parallel.AXES}
+  context = sizes["context"] * dcn["context"]
+  if context > 1:  # the window is split over `context` in the layout's chunks
+    from fot_jax.model import context_parallel
+    window = train_shape(config)[1]
+    context_parallel.check_length(window, context, cfg.context_layout,
+                                  "data.window" if config.experiment == "lm" else "fot.window")
+    context_parallel.check_heads(cfg.context_parallel, cfg.num_heads, cfg.kv_heads, context,
+                                 sizes["tensor"] * dcn["tensor"])
   shape = types.SimpleNamespace(shape={a: sizes[a] * dcn[a] for a in parallel.AXES})
   boxed = jax.eval_shape(lambda: LlamaModel(cfg).init(jax.random.PRNGKey(0), jax.numpy.zeros((1, 8), "int32")))
   specs = nn.logical_to_mesh(nn.get_partition_spec(boxed["params"]), rules)

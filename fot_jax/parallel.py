@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-# 'context' is room for sequence parallelism (ring attention); size 1 until that lands.
+# 'context' splits each window (sequence parallelism: fot_jax/model/context_parallel.py).
 AXES = ("data", "fsdp", "tensor", "context")
 
 # Logical axis name -> mesh axes. Parameters: 'embed' is split over fsdp (ZeRO-3 style:

@@ -13,9 +13,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fot_jax import configs, crossbatch, parallel
+from fot_jax.model import context_parallel
 from fot_jax.train import make_optimizer, make_train_step, stacked_plan, state_shardings
 
 
@@ -24,18 +24,12 @@ def _widest_spec(schedule, rows: int):
   return max(schedule.all_specs(), key=lambda s: int((crossbatch.plan_from_spec(rows, s).sources >= 0).sum()))
 
 
-def plan(config) -> dict:
-  cfg = configs.model_config(config)
-  rows, window, accum, schedule = configs.train_shape(config)
-  mesh_cfg = config.get("mesh")
-  mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
-  optimizer = make_optimizer(config.optim)
+def compile_step(cfg, optimizer, mesh, rules, rows: int, window: int, accum: int = 1, spec=None, groups: int = 1):
+  """The train step lowered and compiled against abstract shapes -> (compiled, abstract state)."""
   abstract, shardings = state_shardings(cfg, optimizer, mesh, rules)
-  parallel.check_batch_rows(rows // accum, mesh, rules, "data.slots x windows_per_slot / train.accum_steps")
-  scope = config.get("train", {}).get("crossbatch_scope", "batch") if "train" in config else "batch"
-  groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
-  spec = _widest_spec(schedule, rows // accum // groups)
-  sources, positive = stacked_plan(spec, rows, accum, groups)
+  if context_parallel.context_size(mesh) > 1:
+    context_parallel.check_length(window, context_parallel.context_size(mesh), cfg.context_layout)
+  sources, positive = stacked_plan(spec or {}, rows, accum, groups)
   state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                  abstract, shardings)
   bsh, rep = parallel.batch_sharding(mesh, rules), parallel.replicated(mesh)
@@ -44,20 +38,38 @@ def plan(config) -> dict:
            "loss_mask": jax.ShapeDtypeStruct((rows, window), jnp.bool_, sharding=bsh)}
   plan_args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep) for x in (sources, positive)]
   step = make_train_step(cfg, optimizer, accum, mesh, rules)
-  t0 = time.time()
-  widths = crossbatch.pack_widths(sources, crossbatch.pack_size(spec))
-  compiled = step.lower(state, batch, *plan_args, widths).compile()
-  seconds = time.time() - t0
+  widths = crossbatch.pack_widths(sources, crossbatch.pack_size(spec or {}))
+  return step.lower(state, batch, *plan_args, widths).compile(), abstract
+
+
+def memory_per_device(compiled) -> dict:
+  """Bytes per device of a compiled program (donated arguments counted once)."""
   mem = compiled.memory_analysis()
+  out = {"arguments": int(mem.argument_size_in_bytes), "outputs": int(mem.output_size_in_bytes),
+         "temporaries": int(mem.temp_size_in_bytes), "aliased": int(mem.alias_size_in_bytes)}
+  out["total"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
+  return out
+
+
+def plan(config) -> dict:
+  cfg = configs.model_config(config)
+  rows, window, accum, schedule = configs.train_shape(config)
+  mesh_cfg = config.get("mesh")
+  mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
+  optimizer = make_optimizer(config.optim)
+  state_shardings(cfg, optimizer, mesh, rules)  # indivisible parameters fail before the batch check
+  parallel.check_batch_rows(rows // accum, mesh, rules, "data.slots x windows_per_slot / train.accum_steps")
+  scope = config.get("train", {}).get("crossbatch_scope", "batch") if "train" in config else "batch"
+  groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
+  spec = _widest_spec(schedule, rows // accum // groups)
+  t0 = time.time()
+  compiled, abstract = compile_step(cfg, optimizer, mesh, rules, rows, window, accum, spec, groups)
+  seconds = time.time() - t0
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   n_params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract.params))
   tokens = rows * window
-  per_device = {
-      "arguments": int(mem.argument_size_in_bytes), "outputs": int(mem.output_size_in_bytes),
-      "temporaries": int(mem.temp_size_in_bytes), "aliased": int(mem.alias_size_in_bytes)}
-  per_device["total"] = per_device["arguments"] + per_device["outputs"] + per_device["temporaries"] \
-      - per_device["aliased"]
+  per_device = memory_per_device(compiled)
   flops_device = float(cost.get("flops", float("nan"))) if cost else float("nan")
   return {"mesh": parallel.describe(mesh), "params": n_params, "tokens_per_step": tokens,
           "rows": rows, "window": window, "accum_steps": accum, "crossbatch_spec": spec,

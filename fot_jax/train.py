@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 
 from fot_jax import crossbatch, parallel
 from fot_jax.curriculum import Schedule
+from fot_jax.model import context_parallel as cp
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 
@@ -117,11 +118,18 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
   if mesh is None:
     mesh = parallel.make_mesh(None, devices=jax.devices()[:1])
 
+  context = cp.context_size(mesh)
+
   def micro_sums(params, inputs, targets, mask, acc_mask, sources, positive, widths):
     plan = None
     if sources.shape[-1]:
       plan = (sources, positive) if widths is None else (sources, positive, widths)
-    logits, aux = model.apply({"params": params}, inputs, plan=plan)
+    positions = None
+    if context > 1:  # the window split over `context`: tokens in the layout's order (losses are sums)
+      perm = cp.permutation(inputs.shape[1], context, cfg.context_layout)
+      inputs, targets, mask, acc_mask = (cp.to_layout(x, perm) for x in (inputs, targets, mask, acc_mask))
+      positions = jnp.broadcast_to(jnp.asarray(perm), inputs.shape)
+    logits, aux = model.apply({"params": params}, inputs, positions=positions, plan=plan)
     loss_sum, _, count = lm_loss_sums(logits, targets, mask)
     _, correct, acc_count = lm_loss_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
     return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"])

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fot_jax.model import attention_ops as ops
+from fot_jax.model import context_parallel as cp
 from fot_jax.model import memory as mem
 from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
@@ -80,6 +81,10 @@ class Attention(nn.Module):
     if strategy and cache is not None:
       raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)}: not supported with cached "
                        f"generation; score the prompt with process() / logits_with_memory()")
+    seq_par = cp.active() and cache is None  # the window is split over the mesh's context axis
+    if seq_par and strategy:
+      raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)}: not supported with "
+                       f"mesh.context > 1")
     aux = {}
     if cache is not None:
       keys, values, mem_keys, fill = cache
@@ -114,7 +119,8 @@ class Attention(nn.Module):
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
 
     backend = ops.fused_backend(q.dtype) if impl == "fused" else None
-    if extra is None and cache is None and backend and not strategy:  # nothing to merge with: the backend's kernel
+    # Nothing to merge with: the backend's kernel.
+    if extra is None and cache is None and backend and not (strategy or seq_par):
       out = ops.fused_causal(q, k, v, token_mask, backend)
     else:
       if strategy:  # Self-Extend / LM-Infinite: their own positions and visibility over the window
@@ -123,7 +129,8 @@ class Attention(nn.Module):
         local = mem.block_partial(local_scores, causal[None, None, None] & token_mask[:, None, None, None, :]
                                   & visible, v)
       else:
-        local = ops.attend(q, keys, values, key_mask, q_pos, impl=impl, block=block)
+        local = self._sequence_parallel(q, keys, values, key_mask, causal=True) if seq_par else \
+            ops.attend(q, keys, values, key_mask, q_pos, impl=impl, block=block)
       if extra is None:
         out = mem.finish(local)
       elif cfg.mem_gating:
@@ -160,13 +167,14 @@ class Attention(nn.Module):
     axis = 0 if groups > 1 else 1  # the row axis that follows the batch
 
     # Sharding: the row axis (groups, or rows when there is one group) follows the
-    # batch; without these constraints GSPMD replicates the gathered contexts.
-    def rows_axis(ndim, axis):
-      return tuple("batch" if i == axis else None for i in range(ndim))
+    # batch, the token axis the window's (split over `context` when that is > 1); without
+    # these constraints GSPMD replicates the gathered contexts.
+    def rows_axis(ndim, axis, length=None):
+      return tuple("batch" if i == axis else "length" if i == length else None for i in range(ndim))
 
-    def grouped(x):  # [B, ...] -> [G, B/G, ...]
+    def grouped(x):  # [B, T, ...] -> [G, B/G, T, ...]
       x = x.reshape((groups, rows) + x.shape[1:])
-      return nn.with_logical_constraint(x, rows_axis(x.ndim, axis))
+      return nn.with_logical_constraint(x, rows_axis(x.ndim, axis, 2))
 
     kg, vg, mg = grouped(k_mem), grouped(v), grouped(token_mask)
 
@@ -176,19 +184,24 @@ class Attention(nn.Module):
       live = src >= 0
       idx = jnp.where(live, src, 0)
 
-      def gather(x):  # [G, B/G, ...] -> [G, R, w, ...], rows taken within their group
+      def gather(x):  # [G, B/G, T, ...] -> [G, R, w, T, ...], rows taken within their group
         out = jax.vmap(lambda xg, sg: xg[sg])(x, idx)
-        return nn.with_logical_constraint(out, rows_axis(out.ndim, axis))
+        return nn.with_logical_constraint(out, rows_axis(out.ndim, axis, 3))
 
-      ek = nn.with_logical_constraint(gather(kg).reshape(groups * r, w * t, kv, d), rows_axis(4, 0))
-      ev = nn.with_logical_constraint(gather(vg).reshape(groups * r, w * t, kv, d), rows_axis(4, 0))
+      rw = groups * r
+      ek, ev = (nn.with_logical_constraint(gather(x).reshape(rw, w, t, kv, d), rows_axis(5, 0, 2)) for x in (kg, vg))
       if self.cfg.mem_stop_gradient:
         ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
-      emask = (live[..., None] & gather(mg)).reshape(groups * r, w * t)
-      epos = jnp.broadcast_to(pos[..., None], (groups, r, w, t)).reshape(groups * r, w * t)
-      part = ops.attend(qs.reshape((groups * r,) + qs.shape[2:]), ek, ev, emask, positive=epos,
-                        impl=self.cfg.attention_impl, block=self.cfg.attention_block)
-      return part, jnp.any(emask, axis=1)
+      emask = (live[..., None] & gather(mg)).reshape(rw, w, t)
+      epos = jnp.broadcast_to(pos[..., None], (groups, r, w, t)).reshape(rw, w, t)
+      qs = qs.reshape((rw,) + qs.shape[2:])
+      if cp.active():  # each extra context stays split over `context` like the window
+        part = self._sequence_parallel(qs, ek, ev, emask, causal=False, positive=epos)
+      else:
+        ek, ev = (nn.with_logical_constraint(x.reshape(rw, w * t, kv, d), rows_axis(4, 0)) for x in (ek, ev))
+        part = ops.attend(qs, ek, ev, emask.reshape(rw, w * t), positive=epos.reshape(rw, w * t),
+                          impl=self.cfg.attention_impl, block=self.cfg.attention_block)
+      return part, jnp.any(emask, axis=(1, 2))
 
     if widths is None:
       part, has = extra(grouped(q), sources, positive)
@@ -236,6 +249,11 @@ class Attention(nn.Module):
 
     fields = [assemble([pieces[j][0][f] for j in range(k)]) for f in range(4)]
     return mem.Partial(*fields), assemble([pieces[j][1] for j in range(k)])
+
+  def _sequence_parallel(self, q, k, v, key_mask, causal, positive=None):
+    cfg = self.cfg
+    return cp.attend(q, k, v, key_mask, causal=causal, positive=positive, strategy=cfg.context_parallel,
+                     layout=cfg.context_layout, impl=cfg.attention_impl, block=cfg.attention_block)
 
 
 def _rd_aux(part: mem.Partial, qmask):

@@ -8,6 +8,8 @@ from fot_jax.model import position_strategies, rope
 
 MEM_POSITIONS = ("first", "none")
 ATTENTION_IMPLS = ("dense", "blockwise", "fused")
+CONTEXT_PARALLEL = ("ring", "allgather", "ulysses")  # fot_jax.model.context_parallel
+CONTEXT_LAYOUTS = ("contiguous", "striped", "zigzag")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,10 @@ class ModelConfig:
   # 'fused' (the backend's kernel where it has one, blockwise elsewhere).
   attention_impl: str = "dense"
   attention_block: int = 512
+  # Sequence parallelism when the mesh's `context` axis is > 1 (fot_jax.model.context_parallel):
+  # the attention strategy and the tokens' layout over devices; nothing changes at context 1.
+  context_parallel: str = "ring"
+  context_layout: str = "zigzag"
 
   def __post_init__(self):  # a dict (experiment file, fot_jax_model.json) becomes the pairs
     object.__setattr__(self, "rope_scaling", rope.scaling_tuple(self.rope_scaling))
@@ -94,6 +100,10 @@ class ModelConfig:
       fail("attention_impl", f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
     if self.attention_block <= 0:
       fail("attention_block", f"must be positive, got {self.attention_block}")
+    if self.context_parallel not in CONTEXT_PARALLEL:
+      fail("context_parallel", f"must be one of {CONTEXT_PARALLEL}, got {self.context_parallel!r}")
+    if self.context_layout not in CONTEXT_LAYOUTS:
+      fail("context_layout", f"must be one of {CONTEXT_LAYOUTS}, got {self.context_layout!r}")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       fail("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
 

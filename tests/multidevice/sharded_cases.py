@@ -76,22 +76,33 @@ def test_indivisible_dimension_fails_before_tracing():
     parallel.check_batch_rows(6, parallel.make_mesh(MESH_222), RULES)
 
 
-def _step(mesh, spec, accum=1, groups=1, grouped=True):
+def _step(mesh, spec, accum=1, groups=1, cfg=CFG, grouped=True):
   """One SGD(1) step: returns (metrics, parameter update = -gradient). grouped: pass the plan's
   static widths (rows attend to only their own contexts); False: every row to all N, masked."""
   opt = optax.sgd(1.0)
   batch = DictionaryBatches(TASK, slots=8, window=TASK.doc_len // 2, seed=0)(0)
   rows = batch["inputs"].shape[0]
   batch["loss_mask"] = batch["loss_mask"] & crossbatch.scored_rows(rows, 2, "last")[:, None]
-  state = init_state(CFG, opt, 0, mesh, RULES)
+  state = init_state(cfg, opt, 0, mesh, RULES)
   before = jax.tree_util.tree_map(np.asarray, state.params)
   sources, positive = stacked_plan(spec, rows, accum, groups)
-  step = make_train_step(CFG, opt, accum, mesh, RULES)
+  step = make_train_step(cfg, opt, accum, mesh, RULES)
   state, metrics = step(state, parallel.global_batch(batch, parallel.batch_sharding(mesh, RULES)),
                         parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh),
                         crossbatch.pack_widths(sources, crossbatch.pack_size(spec)) if grouped else None)
   delta = jax.tree_util.tree_map(lambda a, b: np.asarray(a) - b, state.params, before)
   return {k: float(v) for k, v in metrics.items()}, delta
+
+
+_ONE_DEVICE = {}
+
+
+def _one_device_step(spec, accum=1):
+  """The unsharded step, computed once per (spec, accum) for every case that compares to it."""
+  key = (repr(spec), accum)
+  if key not in _ONE_DEVICE:
+    _ONE_DEVICE[key] = _step(parallel.make_mesh(None, devices=jax.devices()[:1]), spec, accum=accum, grouped=False)
+  return _ONE_DEVICE[key]
 
 
 def _assert_same(a, b):
@@ -107,7 +118,7 @@ def test_sharded_fot_step_matches_one_device():
   (4 slots, spread over the 4 shards). With d=4 every last window sees the first windows
   of 3 other slots, which live on other devices."""
   spec = {"d": 4, "w": 1}
-  one = _step(parallel.make_mesh(None, devices=jax.devices()[:1]), spec, accum=2, grouped=False)
+  one = _one_device_step(spec, accum=2)  # every row to all N contexts, masked
   eight = _step(parallel.make_mesh(MESH_222), spec, accum=2)  # rows grouped by width, sharded
   assert np.isfinite(one[0]["rd"]) and one[0]["rd"] < 1.0  # negatives present
   _assert_same(one, eight)
