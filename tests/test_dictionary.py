@@ -75,8 +75,8 @@ def test_fast_path_equals_window_by_window_inference(mode):
   import jax
   params = jax.tree_util.tree_map(lambda x: x * 5.0 if x.ndim == 2 else x, params)  # peaky attention
   window = TASK.defs_len  # 32: the query block (16) starts a window of its own
-  ev = dictionary.DictionaryEvalSet(TASK, n_docs=5, max_context=8 * TASK.defs_len, seed=3)
-  for context in (2 * TASK.defs_len, 8 * TASK.defs_len):
+  ev = dictionary.DictionaryEvalSet(TASK, n_docs=3, max_context=6 * TASK.defs_len, seed=3)
+  for context in (2 * TASK.defs_len, 6 * TASK.defs_len):
     fast = dictionary.evaluate(cfg, params, ev, window, [context], mode=mode, topk=8, batch=2,
                                chunk=64, log=lambda s: None)
     ref = dictionary.evaluate_generic(cfg, params, ev, window, context, mode=mode, topk=8, chunk=64)
