@@ -58,7 +58,7 @@ def get_test_config():
   c = get_config()
   c.model.overrides.update({"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "mem_layers": (1,)})
   c.data.slots, c.data.window = 4, 32
-  c.warmup.span, c.warmup.slots = 16, 4
+  c.warmup.span, c.warmup.slots = 32, 4  # FoT: copy rows of the LM rows' shape (one compile)
   c.train.steps, c.train.checkpoint_every, c.train.log_every = 4, 0, 1
   c.optim.total_steps = 4
   phases = c.train.curriculum.phases

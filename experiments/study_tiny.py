@@ -3,8 +3,9 @@
   python -m fot_jax.study --config=experiments/study_tiny.py --workdir=runs/study_tiny
 
 Base: the tiny byte-level FoT model of experiments/stdlib_lm_tiny.py (3 layers of 64, memory
-layer 1, window 128), trained here first (W/base) on a shortened curriculum: the copy_text
-warm-up, then the stdlib corpus mixed with copy documents (`BASE_STEPS` below). Set
+layer 1, window 128), trained here first (W/base) on a shortened curriculum: the copy
+warm-up (at most COPY_STEPS: too few for the copy to form, which takes ~1,500 steps, see
+docs/data.md), then the stdlib corpus at d=2 (LM_STEPS). Set
 `base.checkpoint` (e.g. --config.base.checkpoint=runs/stdlib/fot) to study a model trained
 before instead. The methods extend it from L0 = 128 to 1,024 tokens (8x), all without fine-tuning:
 RoPE scaling with factor 8 (PI, NTK-frozen, YaRN; dynamic NTK with the study's s = C'/(2C) = 4),
@@ -25,8 +26,9 @@ def base_train_config():
   c = stdlib_lm_tiny.get_config()
   steps = COPY_STEPS + LM_STEPS
   phases = c.train.curriculum.phases
-  phases[0]["steps"] = COPY_STEPS
-  c.train.curriculum.phases = phases[:2]  # copy warm-up, then the stdlib_copy mixture at d=2
+  phases[0]["max_steps"] = COPY_STEPS
+  phases[1]["steps"] = LM_STEPS
+  c.train.curriculum.phases = phases[:2]  # copy warm-up, then the stdlib corpus at d=2
   c.train.steps, c.optim.total_steps, c.train.checkpoint_every, c.train.log_every = steps, steps, 0, 50
   c.baseline.enabled = False
   c.eval.memory_tokens, c.eval.score_tokens, c.eval.n_docs = [0], 64, 4  # the study evaluates
