@@ -170,7 +170,7 @@ def validate_lm(config, check_data: bool = True) -> None:
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
   warmup = warmup_task_name(config)
-  for phase in [p for p in sched.phases if warmup is not None and p["task"] == warmup]:
+  for phase in [p for p in sched.phases if warmup is not None and p.get("task") == warmup]:
     task = lm_warmup_task(config)  # copy documents: two windows of `span` tokens per slot
     task.validate()
     if task.vocab_size > cfg.vocab_size:

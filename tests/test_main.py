@@ -72,6 +72,10 @@ def test_lm_warmup_errors_name_the_field(field, value, message):
   config.warmup[field.split(".")[1]] = value
   with pytest.raises(ValueError, match=message):
     configs.validate(config, check_data=False)
+  # A curriculum that never names the warm-up (a constant d) is still a valid LM config.
+  config = stdlib_lm_tiny.get_config()
+  config.train.curriculum = {"kind": "constant", "spec": {"d": 8, "w": 1}}
+  configs.validate(config, check_data=False)
 
 
 def test_cli_reports_config_errors_without_traceback(tmp_path):
