@@ -284,3 +284,24 @@ def test_bf16_forward_close_to_float32_and_memory_in_bf16():
     memory = MemoryInference(c, variables["params"], window=4, mem_dtype=mem_dtype).new_memory(2)
     memory.add({1: kv}, np.ones((2, 4), bool))
     assert memory.buffers[1][0].dtype == want_dtype and memory.buffers[1][1].dtype == want_dtype
+
+
+def test_grouped_widths_pass_through_remat():
+  """With remat (LongLLaMA's configs) the plan's static widths must stay concrete through the
+  checkpointed layers: the remat model's logits and r_d equal the plain model's, grouped."""
+  from fot_jax.model.config import get_size
+  from fot_jax.model.llama import LlamaModel
+  from fot_jax.train import init_params
+  plan = cb.segments_plan(8, LONGLLAMA)
+  cfg = get_size("tiny", vocab_size=64, mem_layers=(1,), num_layers=2, hidden_size=32, intermediate_size=32)
+  params = init_params(cfg, 0)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (8, 8)))
+
+  @jax.jit
+  def both(params, tokens):  # the widths stay a Python tuple, closed over
+    return [LlamaModel(dataclasses.replace(cfg, remat=remat)).apply(
+        {"params": params}, tokens, plan=(plan.sources, plan.positive, plan.widths)) for remat in (False, True)]
+
+  outs = both(params, tokens)
+  np.testing.assert_allclose(outs[1][0], outs[0][0], atol=1e-6)
+  np.testing.assert_allclose(float(outs[1][1]["rd_num"]), float(outs[0][1]["rd_num"]), rtol=1e-6)

@@ -44,8 +44,10 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory=None, mem_mode="dense",
                mem_topk=32, mem_chunk=65536, want_mem_kv=False, cache=None, want_cache=False,
-               mem_recall=0.95):
+               mem_recall=0.95, plan_widths=None):
     cfg = self.cfg
+    if plan is not None and plan_widths is not None:  # static: a separate argument so remat keeps it concrete
+      plan = tuple(plan) + (plan_widths,)
     h, aux = Attention(cfg, self.is_memory, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_layernorm")(x), positions, token_mask,
         plan, memory, mem_mode, mem_topk, mem_chunk, want_mem_kv, cache, want_cache, mem_recall)
@@ -89,7 +91,10 @@ class LlamaModel(nn.Module):
     x = nn.with_logical_constraint(embed(tokens).astype(jnp.dtype(cfg.dtype)), ("batch", "length", "act_embed"))
     layer_cls = DecoderLayer
     if cfg.remat:
-      layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9, 11, 12))
+      layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9, 11, 12, 13))
+    widths = None
+    if plan is not None and len(plan) > 2:  # the plan's static widths (crossbatch.pack_widths)
+      plan, widths = tuple(plan[:2]), tuple(int(w) for w in plan[2])
     rd_num = jnp.zeros((), jnp.float32)
     rd_den = jnp.zeros((), jnp.float32)
     mem_kv, caches = {}, {}
@@ -100,7 +105,7 @@ class LlamaModel(nn.Module):
       x, aux = layer_cls(cfg, is_mem, name=f"layers_{i}")(
           x, positions, token_mask, plan if is_mem else None, layer_memory, mem_mode, mem_topk,
           mem_chunk, want_mem_kv, None if cache is None else cache[i] + (cache_fill,), want_cache,
-          mem_recall)
+          mem_recall, widths if is_mem else None)
       if "rd_num" in aux:
         rd_num, rd_den = rd_num + aux["rd_num"], rd_den + aux["rd_den"]
       if "mem_kv" in aux:
