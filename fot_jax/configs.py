@@ -170,12 +170,14 @@ def validate_lm(config, check_data: bool = True) -> None:
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
   warmup = warmup_task_name(config)
-  for phase in [p for p in sched.phases if warmup is not None and p.get("task") == warmup]:
+  warmup_phases = [p for p in sched.phases if warmup is not None and p.get("task") == warmup]
+  if warmup_phases:
     task = lm_warmup_task(config)  # copy documents: two windows of `span` tokens per slot
     task.validate()
     if task.vocab_size > cfg.vocab_size:
       raise ValueError(f"warmup: symbol ids {task.symbol_offset}..{task.vocab_size - 1} do not fit the "
                        f"model's vocabulary of {cfg.vocab_size}")
+  for phase in warmup_phases:
     crossbatch.plan_from_spec(2 * int(config.warmup.slots) // accum, phase["spec"])
   crossbatch.scored_rows(rows, k, t.loss_on)
   if check_data and t.get("init_from") and not os.path.exists(str(t.init_from)):
