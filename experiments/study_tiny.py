@@ -7,10 +7,15 @@ layer 1, window 128), trained here first (W/base) on a shortened curriculum: the
 warm-up (at most COPY_STEPS: too few for the copy to form, which takes ~1,500 steps, see
 docs/data.md), then the stdlib corpus at d=2 (LM_STEPS). Set
 `base.checkpoint` (e.g. --config.base.checkpoint=runs/stdlib/fot) to study a model trained
-before instead. The methods extend it from L0 = 128 to 1,024 tokens (8x), all without fine-tuning:
+before instead. The methods extend it from L0 = 128 to 1,024 tokens (8x). Frozen (no fine-tuning):
 RoPE scaling with factor 8 (PI, NTK-frozen, YaRN; dynamic NTK with the study's s = C'/(2C) = 4),
 Self-Extend, LM-Infinite, and FoT memory (the base's trained memory layer, and memory in every
-layer, which the base was never trained with).
+layer, which the base was never trained with). Fine-tuned twins (`none_ft`, `pi_ft`, `ntk_ft`,
+`dynamic_ntk_ft`, `yarn_ft`, `fot_ft`: the same specs with `"finetune": True`), all with the same
+c.finetune: FT_STEPS steps from the base on the stdlib corpus, 8 slots x L_FT = 512 tokens a step,
+the same AdamW; the plain ones as one 512-token window per slot, `fot_ft` as 4 windows of 128 per
+slot with crossbatch d=2 (docs/context_extension.md, "Controlled study"). About 14 minutes of
+training on 2 cores, before their evaluation.
 """
 import ml_collections
 
@@ -20,6 +25,7 @@ from fot_jax.eval import suite as suite_lib
 L0, FACTOR = 128, 8
 COPY_STEPS, LM_STEPS = 300, 100  # the base's curriculum, shortened from stdlib_lm_tiny's 600 + 600
 LENGTHS = (128, 256, 512, 1024)
+L_FT, FT_STEPS = 512, 100  # the fine-tuned methods: FT_STEPS steps at L_FT tokens per slot (~13 min here)
 
 
 def base_train_config():
@@ -57,11 +63,32 @@ def methods(l0=L0, factor=FACTOR, memory_layers=(1,), all_layers=(0, 1, 2), se_w
   ]
 
 
+def finetuned(frozen, names=("none", "pi", "ntk_frozen", "dynamic_ntk", "yarn", "fot_memory")):
+  """The fine-tuned twins of frozen methods: the same spec with `finetune` (ntk_frozen -> ntk_ft)."""
+  by_name = {m["name"]: m for m in frozen}
+  return [dict(by_name[n], name=n.replace("_frozen", "").replace("_memory", "") + "_ft", finetune=True)
+          for n in names]
+
+
+def finetune_config(base_cfg, length=L_FT, steps=FT_STEPS):
+  """What every fine-tuned method shares: the base's corpus and slots, `steps` steps of 8 slots x
+  `length` tokens (plain: one window of `length`; FoT: length / L0 windows of L0 with crossbatch d=2,
+  as the base's LM phase), AdamW from 1e-3 (10 warm-up steps, cosine to 1e-4)."""
+  return ml_collections.ConfigDict({
+      "steps": steps, "length": length, "slots": base_cfg.data.slots, "task": base_cfg.data.task,
+      "split": "train", "min_doc_len": base_cfg.data.min_doc_len, "seed": 0,
+      "optim": {"lr": 1e-3, "warmup_steps": 10, "schedule": "cosine", "total_steps": steps,
+                "final_lr_fraction": 0.1, "weight_decay": 0.0, "clip_norm": 1.0, "b1": 0.9, "b2": 0.95},
+      "crossbatch": {"d": 2}, "checkpoint_every": 50, "log_every": 25})
+
+
 def get_config():
   c = ml_collections.ConfigDict()
   c.base = ml_collections.ConfigDict({"checkpoint": "", "train": base_train_config()})
   c.lengths = LENGTHS
-  c.methods = methods()
+  frozen = methods()
+  c.methods = frozen + finetuned(frozen)
+  c.finetune = finetune_config(c.base.train)
   c.suites = ("ppl", "passkey", "niah", "rd")
   c.pad = 64  # plain path: inputs padded to a power of two, at least this (one compile per width)
   c.ppl = ml_collections.ConfigDict({"score_tokens": 64, "n_docs": 8, "tolerance": 1.1})

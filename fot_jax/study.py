@@ -7,6 +7,10 @@ A method is a set of ModelConfig overrides applied to the base (`rope_scaling`,
   * `plain`:  a long-context forward, the whole input in one window (no memory);
   * `memory`: FoT memory inference, windows of the base's length (or the method's `window`),
               earlier windows in the memory layers' memory (fot_jax/inference.py).
+A method with `"finetune": True` (or a dict overriding fields of the study's shared `finetune`)
+is first trained from the base's parameters with its own model config into W/finetune/<name>
+(`fot_jax.train.train`: resumable, the same data, steps, optimiser and tokens per step for every
+fine-tuned method; see `finetune_settings`), then evaluated with the fine-tuned parameters.
 Every method gets the same evaluation (the suites of fot_jax/eval, run on the method's model):
   * ppl:     perplexity of the same last `ppl.score_tokens` tokens of each held-out document,
              with L - score_tokens tokens of context before them, at every study length L (one
@@ -75,9 +79,10 @@ def method_model_config(base_cfg, method: Dict):
   return cfg
 
 
-def _method_context(base, method: Dict, pad: int):
+def _method_context(base, method: Dict, pad: int, params=None):
   """A suite Context for one method: the loaded base (params, vocab, data) with the method's config
-  and inference path; the suite runners of fot_jax/eval/suite.py then run on it unchanged."""
+  and inference path (and `params` instead of the base's: a fine-tuned method); the suite runners
+  of fot_jax/eval/suite.py then run on it unchanged."""
   from fot_jax.eval import suite as suite_lib
   from fot_jax.inference import MemoryInference
   path = method.get("inference", "plain")
@@ -92,6 +97,8 @@ def _method_context(base, method: Dict, pad: int):
     def __init__(self):  # shares the loaded base; nothing is read again
       self.__dict__.update(base.__dict__)
       self.cfg, self.name, self.inference_path = cfg, method["name"], path
+      if params is not None:
+        self.params = params
       self.window = int(method.get("window") or base.window)  # the memory path's local window
 
     def inference(self, mode=None):
@@ -101,6 +108,190 @@ def _method_context(base, method: Dict, pad: int):
       return PlainInference(self.cfg, self.params, pad, c.chunk)
 
   return MethodContext()
+
+
+FINETUNE_FIELDS = ("steps", "optim", "task", "vocab", "split", "slots", "length", "seed", "min_doc_len",
+                   "crossbatch", "checkpoint_every", "log_every", "tensorboard")
+_SPEC_KINDS = {"constant": ("spec",), "metric": ("before", "after")}  # where each kind keeps its specs
+
+
+def finetune_settings(config, method: Dict):
+  """The fine-tune of a method, as JSON (None: a frozen method): the study's `finetune` with the
+  method's dict (if `finetune` is one) over it. Fields:
+    steps, optim (an LM config's c.optim; total_steps defaults to steps), seed (the documents'
+    order), task, split, vocab ('' = the base checkpoint's, as the evaluation), slots,
+    min_doc_len: the data; length: the extended context L_ft trained at; crossbatch: memory
+    methods' spec or curriculum (fot_jax/curriculum.py; a spec {"d": D} without w / segments
+    means every window sees all earlier windows of its slot and as many of D - 1 other slots');
+    checkpoint_every, log_every, tensorboard.
+  Every fine-tuned method sees the same tokens per step: `slots` streams of `length` tokens each
+  (the plain path: one window of `length`, no crossbatch; the memory path: length / window
+  windows of the base's window, with crossbatch). Plain methods drop `crossbatch` (not theirs)."""
+  ft = method.get("finetune")
+  if not ft:
+    return None
+  name = method.get("name", "?")
+  if ft is not True and not hasattr(ft, "keys"):
+    raise ValueError(f"study method {name!r}: finetune must be True or a dict of finetune fields, got {ft!r}")
+  if "finetune" not in config:
+    raise ValueError(f"study method {name!r}: fine-tuned, but the study has no shared `finetune` settings")
+  s = _jsonable(config.finetune)
+  own = _jsonable(ft) if ft is not True else {}
+  unknown = sorted((set(s) | set(own)) - set(FINETUNE_FIELDS))
+  if unknown:
+    raise ValueError(f"study method {name!r}: unknown finetune field(s) {unknown}; known: {list(FINETUNE_FIELDS)}")
+  optim = dict(s.get("optim") or {}, **own.pop("optim", {}))
+  s.update(own, optim=optim)
+  for f, default in (("vocab", ""), ("split", "train"), ("seed", 0), ("min_doc_len", 1), ("log_every", 10),
+                     ("checkpoint_every", 0), ("tensorboard", False)):
+    s.setdefault(f, default)
+  for f in ("steps", "length", "slots"):
+    if not isinstance(s.get(f), int) or s[f] <= 0:
+      raise ValueError(f"study method {name!r}: finetune.{f} must be a positive integer, got {s.get(f)!r}")
+  if not s.get("task"):
+    raise ValueError(f"study method {name!r}: finetune.task must name the training data (a SeqIO task)")
+  if float(optim.get("lr", 0)) <= 0:
+    raise ValueError(f"study method {name!r}: finetune.optim.lr must be positive, got {optim.get('lr')!r}")
+  if optim.get("schedule", "constant") not in ("constant", "cosine"):
+    raise ValueError(f"study method {name!r}: finetune.optim.schedule must be 'constant' or 'cosine', "
+                     f"got {optim['schedule']!r}")
+  optim.setdefault("total_steps", s["steps"])
+  if method.get("inference", "plain") == "plain":
+    s.pop("crossbatch", None)
+  elif not s.get("crossbatch"):
+    raise ValueError(f"study method {name!r}: a memory method fine-tunes with crossbatch; set finetune.crossbatch "
+                     "(e.g. {'d': 2})")
+  return s
+
+
+def _jsonable(x) -> Dict:
+  return json.loads(json.dumps(x.to_dict() if hasattr(x, "to_dict") else dict(x), default=list))
+
+
+def _crossbatch_curriculum(crossbatch_cfg: Dict, k: int) -> Dict:
+  """finetune.crossbatch as a Schedule config for packs of k windows: a bare spec is a constant
+  curriculum; a spec {"d": D} (no w, no segments) becomes segments (j, (D - 1) j) per window j."""
+  c = json.loads(json.dumps(crossbatch_cfg))
+  if "kind" not in c:
+    c = {"kind": "constant", "spec": c}
+
+  def fill(spec):
+    if spec and "d" in spec and "w" not in spec and "segments" not in spec:
+      return {"segments": [[j, (int(spec["d"]) - 1) * j] for j in range(k)]}
+    return spec
+
+  kind = c["kind"]
+  for key in _SPEC_KINDS.get(kind, ()):
+    c[key] = fill(c.get(key))
+  if kind == "stages":
+    c["stages"] = [[start, fill(spec)] for start, spec in c.get("stages", [])]
+  elif kind == "random":
+    c["choices"] = [fill(spec) for spec in c.get("choices", [])]
+  elif kind == "phases":
+    c["phases"] = [dict(p, spec=fill(p.get("spec"))) for p in c.get("phases", [])]
+  return c
+
+
+def _finetune_plan(base, method: Dict, config):
+  """(settings, method context, window, windows per slot, Schedule) of a fine-tuned method,
+  checked against the base (errors name the method)."""
+  from fot_jax import crossbatch
+  from fot_jax.convert import checkpoint
+  from fot_jax.curriculum import Schedule
+  s = finetune_settings(config, method)
+  name = method["name"]
+  ctx = _method_context(base, method, int(config.pad))
+  length = s["length"]
+  if ctx.inference_path == "plain":
+    window, k, schedule = length, 1, Schedule({"kind": "constant", "spec": {}})
+  else:
+    window = ctx.window
+    if length % window or length // window < 2:
+      raise ValueError(f"study method {name!r}: finetune.length {length} must be a multiple (at least 2x) of the "
+                       f"memory method's window {window}: the memory path trains on length / window windows "
+                       "per slot")
+    k = length // window
+    try:
+      schedule = Schedule(_crossbatch_curriculum(s["crossbatch"], k))
+      if schedule.tasks() != [None]:
+        raise ValueError("its phases name data tasks; the fine-tune trains on finetune.task only")
+      if schedule.pack != k:
+        raise ValueError(f"pack size {schedule.pack} (w + 1 or len(segments)) must be length / window = {k}")
+      for spec in schedule.all_specs():
+        crossbatch.plan_from_spec(s["slots"] * k, spec)
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"study method {name!r}: finetune.crossbatch: {e}") from None
+  try:  # the fine-tune starts from the base's parameters: the method may not add any
+    checkpoint.check_params(base.params, ctx.cfg, f"the base for fine-tuning {name!r}")
+  except checkpoint.ConvertError as e:
+    raise ValueError(f"study method {name!r}: {e}") from None
+  return s, ctx, window, k, schedule
+
+
+def finetune_batches(base, name: str, s: Dict, window: int, k: int):
+  """The fine-tune's slot batcher: finetune.slots streams, k windows of `window` tokens per slot
+  (k * window = finetune.length): the same tokens for every method, cut differently."""
+  from data_pipelines import pipeline, vocab as vocab_lib
+  vocab = vocab_lib.get_vocabulary(s["vocab"]) if s["vocab"] else base.vocab
+  try:
+    vocab_lib.check_fits(vocab.vocab_size, base.cfg.vocab_size, f"finetune.vocab of {name!r}")
+    batches = pipeline.lm_batches(s["task"], vocab, slots=pipeline.host_slots(s["slots"]), windows=k,
+                                  window=window, split=s["split"], seed=int(s["seed"]),
+                                  min_doc_len=int(s["min_doc_len"]))
+    batches.check_nonempty()
+  except ValueError as e:
+    raise ValueError(f"study method {name!r}: finetune data: {e}") from None
+  return batches
+
+
+def finetune_method(base, method: Dict, config, workdir: str):
+  """Trains a fine-tuned method from the base's parameters into W/finetune/<name> (resumes its
+  checkpoints; a directory of other settings is trained again) -> (params, summary)."""
+  import shutil
+  import jax
+  from fot_jax.train import init_params, train
+  s, ctx, window, k, schedule = _finetune_plan(base, method, config)
+  name = method["name"]
+  out_dir = os.path.join(workdir, "finetune", name)
+  record_path = os.path.join(out_dir, "finetune.json")
+  record = {"method": _spec(method), "finetune": s}
+  prev = {}
+  if os.path.exists(record_path):
+    with open(record_path) as f:
+      prev = json.load(f)
+  if os.path.isdir(out_dir) and {k_: prev.get(k_) for k_ in record} != record:
+    print(f"[study] fine-tune {name}: {out_dir} holds another fine-tune (its settings changed); training again",
+          flush=True)
+    shutil.rmtree(out_dir)
+    prev = {}
+  os.makedirs(out_dir, exist_ok=True)
+  with open(record_path, "w") as f:
+    json.dump(dict(prev, **record), f, indent=1)
+  batches = finetune_batches(base, name, s, window, k)
+  tc = {"steps": s["steps"], "seed": int(s["seed"]), "loss_on": "all", "optim": s["optim"],
+        "log_every": int(s["log_every"]), "checkpoint_every": int(s["checkpoint_every"]),
+        "tensorboard": bool(s["tensorboard"])}
+  # the base's parameters in the dtypes training keeps (an imported checkpoint may store bf16)
+  abstract = jax.eval_shape(lambda: init_params(ctx.cfg, 0))
+  init = jax.tree_util.tree_map(lambda x, a: np.asarray(x, a.dtype), base.params, abstract)
+  done = prev.get("result")
+  print(f"[study] fine-tune {name}: " + ("done before, restoring its parameters" if done else
+        f"{s['steps']} steps of {s['slots']} x {s['length']:,} tokens ({k} window(s) of {window:,} per slot) "
+        f"into {out_dir}"), flush=True)
+  out = train(ctx.cfg, tc, schedule, batches, out_dir, name=f"ft {name}", init_params_tree=init,
+              model_meta={"vocab": s["vocab"] or base.vocab_spec})
+  hist = out["history"]
+  if hist:
+    rds = [h["rd"] for h in hist[-10:] if np.isfinite(h["rd"])]
+    done = {"seconds": out["seconds"], "steps": s["steps"], "steps_run_last_session": len(hist),
+            "tokens_per_step": s["slots"] * s["length"], "window": window, "windows_per_slot": k,
+            "final_loss": float(np.mean([h["loss"] for h in hist[-10:]])),
+            "final_rd": float(np.mean(rds)) if rds else None, "phases": out["phases"]}
+    with open(record_path, "w") as f:
+      json.dump(dict(record, result=done), f, indent=1)
+  elif not done:  # finished checkpoints without a record of them (interrupted between the two)
+    done = {"seconds": 0.0, "steps": s["steps"], "steps_run_last_session": 0}
+  return out["params"], done
 
 
 def perplexity_vs_length(ctx, lengths: List[int], score_tokens: int, n_docs: int, batch: int) -> Dict:
@@ -128,12 +319,13 @@ def perplexity_vs_length(ctx, lengths: List[int], score_tokens: int, n_docs: int
   return out
 
 
-def evaluate_method(base, method: Dict, config) -> Dict:
-  """All suites of the study for one method -> its result dict."""
+def evaluate_method(base, method: Dict, config, params=None) -> Dict:
+  """All suites of the study for one method (with `params`, e.g. fine-tuned, instead of the
+  base's) -> its result dict."""
   from fot_jax.eval import suite as suite_lib
   from fot_jax.eval.effective_length import effective_length
-  ctx = _method_context(base, method, int(config.pad))
-  res = {"method": _spec(method), "settings": settings(config), "seconds": {}}
+  ctx = _method_context(base, method, int(config.pad), params)
+  res = {"method": _spec(method), "settings": settings(config, method), "seconds": {}}
   for suite in config.suites:
     t0 = time.time()
     if suite == "ppl":
@@ -157,10 +349,15 @@ def evaluate_method(base, method: Dict, config) -> Dict:
   return res
 
 
-def settings(config) -> Dict:
-  """What a method's results depend on besides its spec: a finished method is reused only if equal."""
-  return json.loads(json.dumps({k: (config[k].to_dict() if hasattr(config[k], "to_dict") else config[k])
-                                for k in ("lengths", "suites", "pad", "ppl", "eval")}, default=list))
+def settings(config, method=None) -> Dict:
+  """What a method's results depend on besides its spec: a finished method is reused only if equal.
+  A fine-tuned method's include its resolved fine-tune (a changed one trains and evaluates again)."""
+  out = json.loads(json.dumps({k: (config[k].to_dict() if hasattr(config[k], "to_dict") else config[k])
+                               for k in ("lengths", "suites", "pad", "ppl", "eval")}, default=list))
+  ft = finetune_settings(config, method) if method is not None else None
+  if ft is not None:
+    out["finetune"] = ft
+  return out
 
 
 def _spec(method: Dict) -> Dict:
@@ -205,6 +402,8 @@ def run(config, workdir: str) -> Dict:
   names = [m["name"] for m in config.methods]
   if len(set(names)) != len(names):
     raise ValueError(f"study: method names must be unique, got {names}")
+  for m in config.methods:  # the fine-tune fields, before a base is trained
+    finetune_settings(config, m)
   t_start = time.time()
   os.makedirs(os.path.join(workdir, "methods"), exist_ok=True)
   base_path = ensure_base(config, workdir)
@@ -212,6 +411,9 @@ def run(config, workdir: str) -> Dict:
   base.name = "base"
   for m in config.methods:  # every method's config is checked before the first one runs
     _method_context(base, m, int(config.pad))
+    if m.get("finetune"):  # and its data (one slot filled; the fine-tune builds its own batcher)
+      s, _, window, k, _ = _finetune_plan(base, m, config)
+      finetune_batches(base, m["name"], s, window, k)
   results, spent = {}, []
   for i, m in enumerate(config.methods):
     name = m["name"]
@@ -219,7 +421,7 @@ def run(config, workdir: str) -> Dict:
     if os.path.exists(out):
       with open(out) as f:
         prev = json.load(f)
-      if prev.get("method") == _spec(m) and prev.get("settings") == settings(config):
+      if prev.get("method") == _spec(m) and prev.get("settings") == settings(config, m):
         print(f"[study] method {i + 1}/{len(names)} {name}: done before ({out}), skipped", flush=True)
         results[name] = prev
         continue
@@ -227,8 +429,11 @@ def run(config, workdir: str) -> Dict:
             "evaluating again", flush=True)
     print(f"[study] method {i + 1}/{len(names)} {name}: {_describe(m)}", flush=True)
     t0 = time.time()
-    res = evaluate_method(base, m, config)
-    res["wall_seconds"] = time.time() - t0
+    params, ft = finetune_method(base, m, config, workdir) if m.get("finetune") else (None, None)
+    res = evaluate_method(base, m, config, params)
+    if ft is not None:
+      res["finetune"] = ft
+    res["wall_seconds"] = time.time() - t0  # fine-tune (this session's part) and evaluation
     with open(out, "w") as f:
       json.dump(res, f, indent=1)
     results[name] = res
@@ -239,6 +444,8 @@ def run(config, workdir: str) -> Dict:
           flush=True)
   study = {"base": os.path.abspath(base_path), "window": base.window, "lengths": [int(x) for x in config.lengths],
            "methods": results, "wall_seconds": time.time() - t_start}
+  if "finetune" in config:
+    study["finetune"] = _jsonable(config.finetune)
   with open(os.path.join(workdir, "study.json"), "w") as f:
     json.dump(study, f, indent=1)
   with open(os.path.join(workdir, "study.md"), "w") as f:
@@ -250,7 +457,17 @@ def run(config, workdir: str) -> Dict:
 
 def _describe(m: Dict) -> str:
   o = m.get("overrides", {})
-  return f"{m.get('inference', 'plain')} path" + (f", {dict(o)}" if o else "")
+  return f"{m.get('inference', 'plain')} path" + (f", {dict(o)}" if o else "") + (", fine-tuned" if m.get("finetune")
+                                                                                   else "")
+
+
+def _ft_label(r: Dict) -> str:
+  """The table's fine-tune cell: 'frozen', or 'N steps @ L_ft' (+ the memory path's crossbatch)."""
+  ft = r.get("settings", {}).get("finetune")
+  if not ft:
+    return "frozen"
+  cb = ft.get("crossbatch")
+  return f"{ft['steps']:,} steps @ {ft['length']:,}" + (f", {json.dumps(cb).replace(chr(34), '')}" if cb else "")
 
 
 def _fmt(x, digits=3):
@@ -281,11 +498,11 @@ def markdown(study: Dict) -> str:
   lengths = study["lengths"]
   methods = study["methods"]
   grid_names = _grid_names(methods)
-  head = (["method", "path"] + [f"ppl {x:,}" for x in lengths] + ["ppl eff. len"]
-          + [f"{g} acc / eff. len" for g in grid_names] + ["r_d (d) / 1/d", "wall s"])
+  head = (["method", "path", "fine-tune"] + [f"ppl {x:,}" for x in lengths] + ["ppl eff. len"]
+          + [f"{g} acc / eff. len" for g in grid_names] + ["r_d (d) / 1/d", "train s", "wall s"])
   rows = []
   for name, r in methods.items():
-    row = [name, r["method"].get("inference", "plain")]
+    row = [name, r["method"].get("inference", "plain"), _ft_label(r)]
     p = r.get("ppl")
     row += [_fmt(v) for v in p["perplexity"]] if p else ["-"] * len(lengths)
     row.append(_fmt(p["effective_length"]) if p else "-")
@@ -294,6 +511,7 @@ def markdown(study: Dict) -> str:
       row.append(f"{np.mean(g['accuracy_per_length']):.2f} / {_fmt(g['effective_length'])}" if g else "-")
     rd = r.get("rd")
     row.append(f"{rd['r_d'][-1]:.3f} ({rd['d'][-1]}) / {1 / rd['d'][-1]:.3f}" if rd else "n/a")
+    row.append(f"{r['finetune']['seconds']:.0f}" if r.get("finetune") else "-")
     row.append(f"{r['wall_seconds']:.0f}")
     rows.append(row)
   lines = [f"# Context-extension study: base {study['base']} (window {study['window']:,})", "",
@@ -305,7 +523,8 @@ def markdown(study: Dict) -> str:
     for name, r in methods.items():
       if g in _grids(r):
         lines.append(f"| {name} | " + " | ".join(f"{a:.2f}" for a in _grids(r)[g]["accuracy_per_length"]) + " |")
-  lines += ["", f"Study wall time {study['wall_seconds']:.0f}s (methods evaluated before are not re-timed)."]
+  lines += ["", f"Study wall time {study['wall_seconds']:.0f}s (methods evaluated before are not re-timed). "
+            "train s: the fine-tune's training (its last session when resumed); wall s: fine-tune and evaluation."]
   return "\n".join(lines) + "\n"
 
 

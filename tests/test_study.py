@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -107,3 +108,107 @@ def test_method_overrides_reach_the_model(tiny):
     study.method_model_config(base.cfg, {"name": "bad", "overrides": {"rope": 1}})
   with pytest.raises(ValueError, match="study method 'x': inference must be"):
     study._method_context(base, {"name": "x", "inference": "kv"}, 64)
+
+
+
+def _ft_config(c):
+  """The tiny study with a fine-tuned memory method (2 steps of 2 slots x 32 tokens: 2 windows of 16
+  per slot, d=2) next to the frozen one; and a plain fine-tuned method (1 window of 32 per slot), only
+  configured (its training is train()'s plain LM step: another compile here for nothing new)."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.finetune = ml_collections.ConfigDict({
+      "steps": 2, "length": 32, "slots": 2, "task": c.eval.task, "split": "train", "seed": 0,
+      "optim": {"lr": 1e-2, "schedule": "constant"}, "crossbatch": {"d": 2}, "log_every": 1,
+      "checkpoint_every": 0})
+  c.suites = ("ppl",)
+  mem = {"name": "fot_memory", "inference": "memory", "overrides": {"mem_layers": (1,)}}
+  c.methods = [mem, dict(mem, name="fot_ft", finetune=True)]
+  return c, {"name": "none_ft", "inference": "plain", "finetune": True}
+
+
+def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_with_its_parameters(tiny, capsys):
+  ck, c, tmp = tiny
+  c, plain_ft = _ft_config(c)
+  work = str(tmp / "ft")
+  out = study.run(c, work)["methods"]
+  frozen, ft = c.methods
+  base = suite.Context(ck, c.eval)
+  # the fine-tuned parameters (read back from the fine-tune's workdir) differ from the base's ...
+  tuned = checkpoint.load(os.path.join(work, "finetune", "fot_ft")).params
+  assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+             for a, b in zip(jax.tree_util.tree_leaves(tuned), jax.tree_util.tree_leaves(base.params))) > 1e-4
+  # ... and are the ones evaluated: the perplexity recomputed from the checkpoint, not the frozen one's
+  ctx = study._method_context(base, ft, int(c.pad), tuned)
+  again = study.perplexity_vs_length(ctx, list(c.lengths), 8, 2, 4)["perplexity"]
+  np.testing.assert_allclose(out["fot_ft"]["ppl"]["perplexity"], again, rtol=1e-5)
+  assert abs(out["fot_ft"]["ppl"]["perplexity"][1] - out["fot_memory"]["ppl"]["perplexity"][1]) > 1e-4
+  # trained with crossbatch: at d=2 the memory layer's attention splits between its own slot's
+  # earlier window and another slot's (r_d < 1; without negatives it would be exactly 1)
+  with open(os.path.join(work, "finetune", "fot_ft", "metrics.jsonl")) as f:
+    log = [json.loads(line) for line in f]
+  assert [r["step"] for r in log] == [1, 2] and all(0 < r["rd"] < 0.99 for r in log)
+  assert out["fot_ft"]["finetune"]["final_rd"] == pytest.approx(np.mean([r["rd"] for r in log]))
+  assert out["fot_ft"]["finetune"]["tokens_per_step"] == 2 * 32 and "finetune" not in out["fot_memory"]
+  table = open(os.path.join(work, "study.md")).read()
+  assert "| fot_memory | memory | frozen |" in table and "| fot_ft | memory | 2 steps @ 32, {d: 2} |" in table
+  # the same tokens for both paths: the memory path's 2 windows of 16 per slot are the plain path's 32
+  s_mem, s_plain = study.finetune_settings(c, ft), study.finetune_settings(c, plain_ft)
+  assert "crossbatch" not in s_plain and s_plain == {k: v for k, v in s_mem.items() if k != "crossbatch"}
+  mem = study.finetune_batches(base, "fot_ft", s_mem, L0, 2)(0)
+  plain = study.finetune_batches(base, "none_ft", s_plain, 32, 1)(0)
+  for key in ("inputs", "targets", "loss_mask"):
+    np.testing.assert_array_equal(mem[key].reshape(2, 32), plain[key])
+  capsys.readouterr()
+  # rerun after the evaluation was lost: the finished fine-tune is restored, not trained again
+  os.remove(os.path.join(work, "methods", "fot_ft.json"))
+  c1 = ml_collections.ConfigDict(c.to_dict())
+  c1.methods = [ft]
+  again = study.run(c1, work)["methods"]
+  printed = capsys.readouterr().out
+  assert "fine-tune fot_ft: done before" in printed and "[ft fot_ft] step" not in printed
+  assert again["fot_ft"]["ppl"] == out["fot_ft"]["ppl"]
+  # a changed fine-tune is a changed setting of the fine-tuned methods only (they run again)
+  c2 = ml_collections.ConfigDict(c.to_dict())
+  c2.finetune.steps = 3
+  assert study.settings(c2, ft) != study.settings(c, ft) and study.settings(c2, frozen) == study.settings(c, frozen)
+
+
+def test_finetune_config_errors_name_the_method(tiny):
+  ck, c, tmp = tiny
+  c, plain_ft = _ft_config(c)
+  ft = c.methods[1]
+  bad = ml_collections.ConfigDict(c.to_dict())
+  bad.methods = [dict(ft, finetune={"length": 24})]
+  with pytest.raises(ValueError, match="study method 'fot_ft': finetune.length 24 must be a multiple"):
+    study.run(bad, str(tmp / "bad"))
+  assert not os.path.exists(tmp / "bad" / "finetune")  # checked before anything trains
+  with pytest.raises(ValueError, match="study method 'none_ft': unknown finetune field.*'lr'"):
+    study.finetune_settings(c, dict(plain_ft, finetune={"lr": 1.0}))
+  with pytest.raises(ValueError, match="study method 'fot_ft': a memory method fine-tunes with crossbatch"):
+    study.finetune_settings(c, dict(ft, finetune={"crossbatch": {}}))
+  base = suite.Context(ck, c.eval)
+  with pytest.raises(ValueError, match="study method 'fot_ft': finetune.crossbatch:.*d=3"):  # 2 slots
+    study._finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 3, "w": 1}}), c)
+  with pytest.raises(ValueError, match="study method 'fot_ft': finetune.crossbatch: pack size 3"):
+    study._finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 2, "w": 2}}), c)
+
+
+def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
+  """{"d": D} without w: window j of a slot sees the slot's j earlier windows and j (D - 1) of other
+  slots (as memory inference reads every earlier window); stages keep their switch step."""
+  from fot_jax import crossbatch
+  from fot_jax.curriculum import Schedule
+  k, slots = 3, 4
+  sched = Schedule(study._crossbatch_curriculum({"kind": "stages", "stages": [(0, {"d": 1}), (5, {"d": 3})]}, k))
+  assert sched.pack == k
+  for step, d in ((0, 1), (4, 1), (5, 3)):
+    plan = crossbatch.plan_from_spec(slots * k, sched.spec(step))
+    for row in range(slots * k):
+      slot, j = divmod(row, k)
+      live = plan.sources[row] >= 0
+      own = plan.sources[row][live & plan.positive[row]]
+      assert sorted(own) == [slot * k + i for i in range(j)]  # all earlier windows of its slot
+      others = plan.sources[row][live & ~plan.positive[row]]
+      assert len(others) == j * (d - 1) and all(o // k != slot and o % k < j for o in others)
+  # an explicit spec passes through unchanged
+  assert study._crossbatch_curriculum({"d": 2, "w": 2}, k) == {"kind": "constant", "spec": {"d": 2, "w": 2}}
