@@ -30,6 +30,11 @@ def base_config():
       "split": "train",
       "eval_task": "stdlib",  # held-out documents for perplexity
       "eval_split": "validation",
+      # Repeat views: curriculum task names for an LM task whose slots (a `fraction` of them) repeat
+      # their first window in the later ones, a copy of real text through memory
+      # (data_pipelines.copy_task.RepeatedWindows), e.g.
+      # {"stdlib_repeat": {"task": "stdlib", "fraction": 1.0, "score_first": False}}.
+      "repeats": ml_collections.ConfigDict({}),
   })
   c.optim = ml_collections.ConfigDict({
       "lr": 1e-3, "warmup_steps": 20, "schedule": "cosine", "total_steps": 1000,

@@ -2,24 +2,28 @@
 
 Byte vocabulary, a 3-layer model (hidden 64) with one memory layer, 128-token windows,
 8 slots x 2 windows (2K tokens a step). The curriculum (phases over data tasks):
-  1. copy       the induction warm-up on byte ids (c.warmup): 32 distinct random bytes, then the
-                same again, split into two 32-token windows, d=1, so the repeat finds its source
-                only through the memory layer; until 95% copy accuracy (at most 2,500 steps);
-  2. lm_d2      the stdlib corpus at d=2 (its own previous window and one other slot's);
-  3. lm_d8      the same with d=8 (the last window of each slot sees its own previous
-                window and those of 7 other slots).
+  1. copy        the induction warm-up on byte ids (c.warmup): 32 distinct random bytes, then the
+                 same again, split into two 32-token windows, d=1, so the repeat finds its source
+                 only through the memory layer; until 95% copy accuracy (at most 2,500 steps);
+  2. text_copy   the copy on real text (`stdlib_repeat`, c.data.repeats): each slot's second
+                 128-byte window repeats its first, only the repeat scored, d=1; until 95%
+                 (at most 600 steps);
+  3. text_copy_d8  the same with d=8 (7 other slots' windows as negatives), 300 steps;
+  4. lm_d8       the stdlib corpus at d=8 with a quarter of the slots still repeated
+                 (`stdlib_mixed`), so the circuit that reads memory survives on text.
 The baseline is the same model trained on the same phases without crossbatch (its copy
-documents whole in one row, the repeat in 4 shuffled pieces). Both are evaluated on
-held-out stdlib files (single-document mode): perplexity of each file's last 512 bytes with
-0, 2K, 8K and 32K earlier bytes in memory. The evaluation suite
-(`python -m fot_jax.evaluate --checkpoint RUN/fot --suite=ppl,rd,passkey,niah`) adds r_d,
-passkey and NIAH (docs/data.md lists the commands and the measured results).
+documents whole in one row, the repeat in 4 shuffled pieces; its repeated text windows are
+rows it cannot see the source of). Both are evaluated on held-out stdlib files (single-document
+mode): perplexity of each file's last 512 bytes with 0, 2K, 8K and 32K earlier bytes in memory.
+The evaluation suite (`python -m fot_jax.evaluate --checkpoint RUN/fot --suite=ppl,rd,passkey,niah`)
+adds r_d, passkey and NIAH (docs/data.md lists the commands and the measured results).
 """
 import ml_collections
 
 from experiments.base_lm import base_config
 
-COPY_MAX, D2, D8 = 2500, 300, 300
+COPY_MAX, TEXT_MAX, TEXT_D8, LM_D8 = 2500, 600, 300, 600
+STEPS = COPY_MAX + TEXT_MAX + TEXT_D8 + LM_D8
 
 
 def get_config():
@@ -41,20 +45,28 @@ def get_config():
   c.warmup = ml_collections.ConfigDict({
       "enabled": True, "task": "copy", "span": 32, "num_symbols": 256, "symbol_offset": 3,  # byte ids
       "distinct": True, "slots": 32, "baseline_chunks": 4})
-  c.optim.lr, c.optim.warmup_steps, c.optim.total_steps = 3e-3, 20, COPY_MAX + D2 + D8
-  c.train.steps, c.train.checkpoint_every, c.train.log_every = COPY_MAX + D2 + D8, 200, 20
+  # The copy on real text (docs/data.md): every slot, only the repeat scored; then a quarter of
+  # the slots, next to plain text, in the LM phase.
+  c.data.repeats = ml_collections.ConfigDict({
+      "stdlib_repeat": {"task": "stdlib", "fraction": 1.0, "score_first": False},
+      "stdlib_mixed": {"task": "stdlib", "fraction": 0.25, "score_first": True}})
+  c.optim.lr, c.optim.warmup_steps, c.optim.total_steps = 3e-3, 20, STEPS
+  c.train.steps, c.train.checkpoint_every, c.train.log_every = STEPS, 200, 20
   c.train.curriculum = ml_collections.ConfigDict({"kind": "phases", "stop_after_last": True, "phases": [
       {"name": "copy", "task": "copy", "spec": {"d": 1, "w": 1}, "metric": "accuracy", "threshold": 0.95,
        "window": 5, "max_steps": COPY_MAX},
-      {"name": "lm_d2", "task": "stdlib", "spec": {"d": 2, "w": 1}, "steps": D2},
-      {"name": "lm_d8", "task": "stdlib", "spec": {"d": 8, "w": 1}, "steps": D8}]})
+      {"name": "text_copy", "task": "stdlib_repeat", "spec": {"d": 1, "w": 1}, "metric": "accuracy",
+       "threshold": 0.95, "window": 5, "max_steps": TEXT_MAX},
+      {"name": "text_copy_d8", "task": "stdlib_repeat", "spec": {"d": 8, "w": 1}, "steps": TEXT_D8},
+      {"name": "lm_d8", "task": "stdlib_mixed", "spec": {"d": 8, "w": 1}, "steps": LM_D8}]})
   c.eval.memory_tokens = [0, 2048, 8192, 32768]
   c.eval.score_tokens, c.eval.n_docs, c.eval.batch = 512, 16, 8
   return c
 
 
 def get_test_config():
-  """A few-second variant for tests: 2-layer model, 4 steps over both tasks, small memories."""
+  """A few-second variant for tests: 2-layer model, one step per phase (copy on ids, the repeat
+  view twice, the mixed LM view), small memories."""
   c = get_config()
   c.model.overrides.update({"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "mem_layers": (1,)})
   c.data.slots, c.data.window = 4, 32
@@ -62,9 +74,8 @@ def get_test_config():
   c.train.steps, c.train.checkpoint_every, c.train.log_every = 4, 0, 1
   c.optim.total_steps = 4
   phases = c.train.curriculum.phases
-  phases[0].update(steps=1, metric=None, threshold=None, max_steps=None)
-  phases[1]["steps"] = 1
-  phases[2]["steps"] = 2
+  for p in phases:
+    p.update(steps=1, metric=None, threshold=None, max_steps=None)
   for p in phases:  # one plan shape: one compile of the train step
     p["spec"] = {"d": 2, "w": 1}
   c.train.curriculum.phases = phases

@@ -3,11 +3,11 @@
   python -m fot_jax.study --config=experiments/study_tiny.py --workdir=runs/study_tiny
 
 Base: the tiny byte-level FoT model of experiments/stdlib_lm_tiny.py (3 layers of 64, memory
-layer 1, window 128), trained here first (W/base) on a shortened curriculum: the copy
-warm-up (at most COPY_STEPS: too few for the copy to form, which takes ~1,500 steps, see
-docs/data.md), then the stdlib corpus at d=2 (LM_STEPS). Set
-`base.checkpoint` (e.g. --config.base.checkpoint=runs/stdlib/fot) to study a model trained
-before instead. The methods extend it from L0 = 128 to 1,024 tokens (8x). Frozen (no fine-tuning):
+layer 1, window 128), trained here first (W/base) on that file's whole curriculum (the copy
+warm-up on byte ids, the copy of stdlib text through memory at d=1 and d=8, then stdlib with a
+quarter of the slots repeated, at d=8; docs/data.md), FoT arm only, so the base can copy and
+retrieve at all. The same model trained by `stdlib_lm_tiny` can stand in for it:
+`--config.base.checkpoint=runs/stdlib/fot`. The methods extend it from L0 = 128 to 1,024 tokens (8x). Frozen (no fine-tuning):
 RoPE scaling with factor 8 (PI, NTK-frozen, YaRN; dynamic NTK with the study's s = C'/(2C) = 4),
 Self-Extend, LM-Infinite, and FoT memory (the base's trained memory layer, and memory in every
 layer, which the base was never trained with). Fine-tuned twins (`none_ft`, `pi_ft`, `ntk_ft`,
@@ -23,19 +23,13 @@ from experiments import stdlib_lm_tiny
 from fot_jax.eval import suite as suite_lib
 
 L0, FACTOR = 128, 8
-COPY_STEPS, LM_STEPS = 300, 100  # the base's curriculum, shortened from stdlib_lm_tiny's 600 + 600
 LENGTHS = (128, 256, 512, 1024)
 L_FT, FT_STEPS = 512, 100  # the fine-tuned methods: FT_STEPS steps at L_FT tokens per slot (~13 min here)
 
 
 def base_train_config():
-  c = stdlib_lm_tiny.get_config()
-  steps = COPY_STEPS + LM_STEPS
-  phases = c.train.curriculum.phases
-  phases[0]["max_steps"] = COPY_STEPS
-  phases[1]["steps"] = LM_STEPS
-  c.train.curriculum.phases = phases[:2]  # copy warm-up, then the stdlib corpus at d=2
-  c.train.steps, c.optim.total_steps, c.train.checkpoint_every, c.train.log_every = steps, steps, 0, 50
+  c = stdlib_lm_tiny.get_config()  # its curriculum unchanged: a base that copies through memory
+  c.train.checkpoint_every, c.train.log_every = 0, 50
   c.baseline.enabled = False
   c.eval.memory_tokens, c.eval.score_tokens, c.eval.n_docs = [0], 64, 4  # the study evaluates
   return c

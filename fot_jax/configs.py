@@ -59,6 +59,24 @@ def lm_warmup_task(config, arm: str = "fot") -> CopyTask:
                   distinct=bool(w.get("distinct", False)))
 
 
+REPEAT_FIELDS = ("task", "fraction", "score_first")
+
+
+def repeat_view(config, task):
+  """The repeat view a curriculum task names (`c.data.repeats[task]`: its source task, the
+  fraction of slots repeated, whether their first window is scored), None for any other task."""
+  views = config.data.get("repeats") or {}
+  if task is None or task not in views:
+    return None
+  v = dict(views[task])
+  unknown = sorted(set(v) - set(REPEAT_FIELDS))
+  if unknown or "task" not in v:
+    raise ValueError(f"data.repeats.{task}: fields {REPEAT_FIELDS} ('task' required), got unknown "
+                     f"{unknown or 'none'}{'' if 'task' in v else ' and no task'}")
+  return {"task": str(v["task"]), "fraction": float(v.get("fraction", 1.0)),
+          "score_first": bool(v.get("score_first", True))}
+
+
 def validate(config, check_data: bool = True) -> None:
   """Checks an experiment config; raises ValueError naming the bad field.
 
@@ -149,7 +167,8 @@ def validate_lm(config, check_data: bool = True) -> None:
       tasks.get_provider(d[name])
     for task in Schedule(t.curriculum).tasks():  # a curriculum over tasks names SeqIO tasks
       if task is not None and task != warmup_task_name(config):
-        tasks.get_provider(task)
+        view = repeat_view(config, task)
+        tasks.get_provider(view["task"] if view else task)
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
   for field in ("slots", "windows_per_slot", "window"):
@@ -179,6 +198,11 @@ def validate_lm(config, check_data: bool = True) -> None:
                        f"model's vocabulary of {cfg.vocab_size}")
   for phase in warmup_phases:
     crossbatch.plan_from_spec(2 * int(config.warmup.slots) // accum, phase["spec"])
+  for task in sched.tasks():
+    view = repeat_view(config, task)
+    if view and (k < 2 or not 0.0 < view["fraction"] <= 1.0):
+      raise ValueError(f"data.repeats.{task}: needs data.windows_per_slot >= 2 (got {k}) and a fraction in "
+                       f"(0, 1] (got {view['fraction']})")
   crossbatch.scored_rows(rows, k, t.loss_on)
   if check_data and t.get("init_from") and not os.path.exists(str(t.init_from)):
     raise ValueError(f"train.init_from: no checkpoint at {t.init_from!r} (make one with "

@@ -8,7 +8,7 @@ import time
 import jax
 import numpy as np
 
-from data_pipelines.copy_task import CopyBatches, CopyTask
+from data_pipelines.copy_task import CopyBatches, CopyTask, RepeatedWindows
 from data_pipelines.dictionary_lookup import DictionaryBatches
 from fot_jax import configs
 from fot_jax.curriculum import Schedule
@@ -271,10 +271,24 @@ def lm_copy_warmup(config, arm: str) -> CopyBatches:
                      int(config.seed))
 
 
+def lm_feed(config, task, arm: str):
+  """The batches of one curriculum task of an LM run: the copy warm-up on ids, a repeat view of an
+  LM task (`c.data.repeats`), or the LM task itself (None: `c.data.task`)."""
+  from data_pipelines import pipeline
+  if task is not None and task == configs.warmup_task_name(config):
+    return lm_copy_warmup(config, arm)
+  view = configs.repeat_view(config, task)
+  if view is None:
+    return pipeline.lm_batches_from_config(config, task=task)
+  return RepeatedWindows(pipeline.lm_batches_from_config(config, task=view["task"]),
+                         int(config.data.windows_per_slot), view["fraction"], int(config.seed),
+                         view["score_first"])
+
+
 def run_lm(config, workdir: str, train: bool = True) -> dict:
   """Trains FoT with the crossbatch curriculum and, if baseline.enabled, the same model without
   crossbatch, on doc-pinned slot batches; evaluates perplexity against memory size; writes results."""
-  from data_pipelines import pipeline, vocab as vocab_lib
+  from data_pipelines import vocab as vocab_lib
   t_start = time.time()
   cfg = configs.model_config(config)
   vocab = vocab_lib.get_vocabulary(config.data.vocab)
@@ -287,8 +301,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
     schedule = (Schedule(config.train.curriculum) if name == "fot" else
                 baseline_schedule(trained["fot"]["phases"], trained["fot"]["steps_run"]))
     try:  # one source per data task of the curriculum (a curriculum over tasks has several)
-      feeds = {task: (lm_copy_warmup(config, name) if task == configs.warmup_task_name(config) else
-                      pipeline.lm_batches_from_config(config, task=task)) for task in set(schedule.tasks())}
+      feeds = {task: lm_feed(config, task, name) for task in set(schedule.tasks())}
     except ValueError as e:  # missing data, empty source, bad vocabulary: one line, no traceback
       raise SystemExit(f"data error: {e}") from None
     trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule,

@@ -88,14 +88,15 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
     assert all(np.isfinite(p) and p > 1 for p in saved[arm]["perplexity"])
     assert saved[arm]["tokens"] == [64, 64, 64]
   assert (tmp_path / "perplexity_vs_memory.png").stat().st_size > 1000
-  # The curriculum over tasks: the synthetic copy warm-up (its own window), then the stdlib
-  # pipeline; the baseline mirrors FoT's phases without crossbatch.
+  # The curriculum over tasks: the synthetic copy warm-up (its own window), the stdlib text
+  # copy (a repeat view, twice), then stdlib with a share of repeated slots; the baseline mirrors
+  # FoT's phases without crossbatch.
   assert [(p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
-      ("copy", 0, 1), ("stdlib", 1, 2), ("stdlib", 2, 4)]
+      ("copy", 0, 1), ("stdlib_repeat", 1, 2), ("stdlib_repeat", 2, 3), ("stdlib_mixed", 3, 4)]
   assert [(p["task"], p["spec"]) for p in saved["no_crossbatch"]["phases"]] == [
-      ("copy", {}), ("stdlib", {}), ("stdlib", {})]
-  assert list(saved["data"]["fot"]) == ["stdlib"]  # the copy warm-up has no pipeline report
-  assert "documents used" in saved["data"]["fot"]["stdlib"]["pipeline"]
+      ("copy", {}), ("stdlib_repeat", {}), ("stdlib_repeat", {}), ("stdlib_mixed", {})]
+  assert sorted(saved["data"]["fot"]) == ["stdlib_mixed", "stdlib_repeat"]  # the copy warm-up has none
+  assert "documents used" in saved["data"]["fot"]["stdlib_mixed"]["pipeline"]
   assert results["fot"]["perplexity"] == saved["fot"]["perplexity"]
 
 
@@ -105,6 +106,8 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
     ("data.windows_per_slot", 3, "windows_per_slot=3"),
     ("data.vocab", "/no/such.model", "data.vocab"),
     ("train.init_from", "/no/such/ckpt", "train.init_from: no checkpoint at '/no/such/ckpt'"),
+    ("data.repeats.stdlib_mixed.fraction", 0.0, r"data.repeats.stdlib_mixed: .*fraction in \(0, 1\]"),
+    ("data.repeats.stdlib_repeat.task", "nope", "unknown task or mixture 'nope'"),
 ])
 def test_lm_validate_names_the_problem(field, value, message):
   config = stdlib_lm_tiny.get_config()

@@ -3,7 +3,7 @@ batches whose documents share no key (so crossbatch negatives are true negatives
 import numpy as np
 import pytest
 
-from data_pipelines.copy_task import CopyBatches, CopyTask
+from data_pipelines.copy_task import CopyBatches, CopyTask, RepeatedWindows
 from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
 
 
@@ -77,3 +77,45 @@ def test_distinct_copy_never_repeats_a_symbol_within_a_span():
   assert any(len(set(row[:16].tolist())) < 16 for row in plain), "without it, symbols do repeat"
   with pytest.raises(ValueError, match="num_symbols >= span"):
     CopyTask(span=16, num_symbols=15, distinct=True).validate()
+
+
+class _Slots:
+  """A stand-in slot batcher: [slots * windows, T] rows numbered by (step, row), with state."""
+
+  def __init__(self, slots=6, windows=3, T=5):
+    self.shape, self.state = (slots * windows, T), {"pos": 0}
+
+  def __call__(self, step):
+    inputs = np.arange(np.prod(self.shape)).reshape(self.shape) + 1000 * step
+    return {"inputs": inputs, "targets": inputs + 1, "loss_mask": np.ones(self.shape, bool),
+            "doc_ids": inputs // 100}
+
+  def state_dict(self):
+    return self.state
+
+
+def test_repeated_windows_copy_the_first_window_of_chosen_slots():
+  src = _Slots()
+  rep = RepeatedWindows(src, windows=3, fraction=0.5, seed=1, score_first=False)
+  b, orig = rep(4), src(4)
+  by_slot = {k: v.reshape(6, 3, 5) for k, v in b.items()}
+  o = {k: v.reshape(6, 3, 5) for k, v in orig.items()}
+  chosen = [s for s in range(6) if not np.array_equal(by_slot["inputs"][s, 1], o["inputs"][s, 1])]
+  assert 0 < len(chosen) < 6  # a seeded share of the slots
+  for s in range(6):
+    if s in chosen:  # every later window repeats the first, targets and doc ids included
+      for k in ("inputs", "targets", "doc_ids"):
+        for j in (1, 2):
+          np.testing.assert_array_equal(by_slot[k][s, j], o[k][s, 0])
+      assert not by_slot["loss_mask"][s, 0].any() and by_slot["loss_mask"][s, 1:].all()
+    else:
+      for k in b:
+        np.testing.assert_array_equal(by_slot[k][s], o[k][s])
+  np.testing.assert_array_equal(rep(4)["inputs"], b["inputs"])  # a pure function of the step
+  assert rep.state_dict() is src.state  # the source's state is what checkpoints save
+  full = RepeatedWindows(src, windows=3, fraction=1.0, seed=1)(0)
+  assert full["loss_mask"].all() and (full["inputs"].reshape(6, 3, 5)[:, 2] == full["inputs"].reshape(6, 3, 5)[:, 0]).all()
+  with pytest.raises(ValueError, match="fraction"):
+    RepeatedWindows(src, windows=3, fraction=0.0, seed=1)
+  with pytest.raises(ValueError, match="2 windows"):
+    RepeatedWindows(src, windows=1, fraction=1.0, seed=1)
