@@ -70,13 +70,14 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
     schedule = Schedule(config.fot.curriculum)
     trained[name] = _train_arm(cfg, _arm_train_cfg(config, "fot", seed, config.fot.steps), name, schedule,
                                _dictionary_feeds(config, task, "fot", seed, schedule), os.path.join(workdir, name),
-                               train, "dictionary_lookup")
+                               train, "dictionary_lookup", config.fot.window)
   if config.baseline.enabled:
     steps_run = trained["fot"]["steps_run"]
     schedule = baseline_schedule(trained["fot"]["phases"], steps_run)
     trained["baseline"] = _train_arm(cfg, _arm_train_cfg(config, "baseline", seeds[0], steps_run), "baseline",
                                      schedule, _dictionary_feeds(config, task, "baseline", seeds[0], schedule),
-                                     os.path.join(workdir, "baseline"), train, "dictionary_lookup")
+                                     os.path.join(workdir, "baseline"), train, "dictionary_lookup",
+                                     config.baseline.window)
   windows = {name: (config.baseline.window if name == "baseline" else config.fot.window) for name in trained}
   evalset = dictionary.DictionaryEvalSet(task, config.eval.n_docs, max(config.eval.memory_tokens),
                                          config.eval.seed)
@@ -126,7 +127,7 @@ def _dictionary_rd(config, cfg, task, trained):
           for name in ("fot", "baseline") if name in trained}
 
 
-def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab):
+def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab, window: int):
   if not do_train:
     ckpt = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt) or not os.listdir(ckpt):
@@ -134,7 +135,8 @@ def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab):
                        f"train first (--mode=train) or point --workdir at a trained run")
     tc = dict(tc, steps=0)
   vocab = os.path.abspath(vocab) if os.path.isfile(vocab) else vocab  # evaluation finds it from anywhere
-  out = train(cfg, tc, schedule, batches, workdir, name=name, model_meta={"vocab": vocab})
+  # `window`: the run's local window, recorded for evaluation (not a warm-up phase's own window)
+  out = train(cfg, tc, schedule, batches, workdir, name=name, model_meta={"vocab": vocab, "window": int(window)})
   hist = out["history"]
   out["final_accuracy"] = float(np.mean([h["accuracy"] for h in hist[-5:]])) if hist else None
   out["steps_run"] = hist[-1]["step"] if hist else _checkpoint_step(workdir)
@@ -306,7 +308,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
       raise SystemExit(f"data error: {e}") from None
     trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule,
                                feeds[None] if list(feeds) == [None] else feeds, os.path.join(workdir, name), train,
-                               config.data.vocab)
+                               config.data.vocab, config.data.window)
     report = {str(task or config.data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}
               for task, b in feeds.items() if hasattr(b, "report")}  # the copy warm-up is synthetic
     for task, r in report.items():

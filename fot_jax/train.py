@@ -332,7 +332,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   checkpoint) when its last phase ends, before `steps`.
   A SIGTERM saves a checkpoint at the next step boundary and raises Preempted (exit 0);
   the same call resumes from it. model_meta: more fields for the workdir's fot_jax_model.json
-  (e.g. the vocabulary trained with, which evaluation then uses).
+  (e.g. the vocabulary trained with, which evaluation then uses; `window`, the local window
+  evaluation uses, defaults to the first step's row length, which a warm-up phase with its own
+  window does not share with the run).
   """
   steps = int(train_cfg["steps"])
   accum = int(train_cfg.get("accum_steps", 1))
@@ -390,7 +392,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
       if step == start and jax.process_index() == 0:  # lets export_hf / from_pretrained read this workdir
         from fot_jax.convert.checkpoint import write_model_json
-        write_model_json(workdir, model_cfg, window=seq, **(model_meta or {}))
+        write_model_json(workdir, model_cfg, **{"window": seq, **(model_meta or {})})
       sources, positive = stacked_plan(spec, global_rows, accum, groups)
       state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
                                parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh),

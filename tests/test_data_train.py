@@ -67,8 +67,11 @@ def test_curriculum_over_two_pipelines_resumes_each_position(tmp_path):
   sched = lambda: Schedule({"kind": "phases", "phases": [
       {"task": "a", "spec": {"d": 2, "w": 1}, "steps": 2}, {"task": "b", "spec": {"d": 2, "w": 1}}]})
   full = {"a": _source(), "b": _source()}
-  train(CFG, _cfg(5, 0), sched(), full, str(tmp_path / "full"))
+  train(CFG, _cfg(5, 0), sched(), full, str(tmp_path / "full"), model_meta={"window": 99})
   assert sorted(full["a"].seen) == [0, 1] and sorted(full["b"].seen) == [0, 1, 2]
+  # The window evaluation reads is the run's, not the first phase's row length (a warm-up with
+  # its own window gave the stdlib LM's checkpoint a 32-token window).
+  assert json.loads((tmp_path / "full" / "fot_jax_model.json").read_text())["window"] == 99
   part = {"a": _source(), "b": _source()}
   train(CFG, _cfg(4, 4), sched(), part, str(tmp_path / "part"))  # stops at step 4: b has given 2 batches
   resumed = {"a": _source(), "b": _source()}
