@@ -61,7 +61,7 @@ def base_config():
       "rules": [list(r) for r in parallel.DEFAULT_RULES],
   })
   c.eval = ml_collections.ConfigDict({
-      "memory_tokens": [0, 2048, 8192, 32768],
+      "memory_tokens": (0, 2048, 8192, 32768),  # a tuple: --config.eval.memory_tokens="(0,4096)" sets it
       "score_tokens": 512,  # the scored tail of each held-out document
       "n_docs": 16, "batch": 8, "mode": "dense", "topk": 32, "doc_mode": "single_doc",
   })

@@ -9,7 +9,7 @@ from flax import traverse_util
 
 from experiments import smollm2_fot
 from fot_jax import configs, runs
-from fot_jax.convert import checkpoint
+from fot_jax.convert import checkpoint, export_hf
 from fot_jax.train import init_params
 from tests.test_vocab_hf import make_tokenizer
 
@@ -37,6 +37,10 @@ def test_smollm2_fot_tiny_end_to_end(tmp_path):
   # the run records the vocabulary it trained with (evaluation and export read it)
   meta = json.loads((tmp_path / "run" / "fot" / "fot_jax_model.json").read_text())
   assert meta["vocab"].endswith("ck/tokenizer.json") and meta["model"]["mem_layers"] == [1]
+  # export_hf of the run ships that tokenizer (with its tokenizer_config.json)
+  export_hf(str(tmp_path / "run" / "fot"), str(tmp_path / "hf"))
+  assert (tmp_path / "hf" / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
+  assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["bos_token"] == "<|im_start|>"
 
 
 def test_smollm2_fot_config_is_the_import_plus_memory_layers():
