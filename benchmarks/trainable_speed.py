@@ -52,7 +52,6 @@ def main():
   p.add_argument("--steps", type=int, default=5)
   a = p.parse_args()
   from fot_jax import configs
-  from fot_jax.curriculum import Schedule
   from fot_jax.train import count_trainable, init_params, make_optimizer, resolve_trainable
   config = configs.load_module(a.config).get_config()
   configs.validate(config, check_data=False)

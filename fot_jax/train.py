@@ -9,7 +9,7 @@ import re
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax
 import flax.linen as nn
