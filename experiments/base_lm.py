@@ -44,10 +44,14 @@ def base_config():
       "steps": 1000, "loss_on": "all", "accum_steps": 1, "log_every": 10, "checkpoint_every": 100,
       # The same format as c.fot.curriculum in experiments/dictionary_lookup.py.
       "curriculum": ml_collections.ConfigDict({"kind": "constant", "spec": {"d": 2, "w": 1}}),
-      "init_from": None,
+      "init_from": "",  # a string (not None) so --config.train.init_from=CKPT can set it
       # 'batch': negatives from any slot of the global batch (crossing devices);
       # 'device': only from slots on the same device (no cross-device gather).
       "crossbatch_scope": "batch",
+      # Which parameters train (fot_jax.train.resolve_trainable): () = all; or regexes over
+      # parameter paths ('layers_8/self_attn/.*') and the groups 'memory_attention' /
+      # 'memory_layers'. The others stay frozen (no gradient, no optimizer state).
+      "trainable": (),
   })
   # The same model trained without crossbatch (a local-window transformer), evaluated alike.
   c.baseline = ml_collections.ConfigDict({"enabled": True})
@@ -57,7 +61,7 @@ def base_config():
       "rules": [list(r) for r in parallel.DEFAULT_RULES],
   })
   c.eval = ml_collections.ConfigDict({
-      "memory_tokens": [0, 2048, 8192, 32768],
+      "memory_tokens": (0, 2048, 8192, 32768),  # a tuple: --config.eval.memory_tokens="(0,4096)" sets it
       "score_tokens": 512,  # the scored tail of each held-out document
       "n_docs": 16, "batch": 8, "mode": "dense", "topk": 32, "doc_mode": "single_doc",
   })

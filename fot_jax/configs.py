@@ -204,6 +204,8 @@ def validate_lm(config, check_data: bool = True) -> None:
       raise ValueError(f"data.repeats.{task}: needs data.windows_per_slot >= 2 (got {k}) and a fraction in "
                        f"(0, 1] (got {view['fraction']})")
   crossbatch.scored_rows(rows, k, t.loss_on)
+  from fot_jax.train import resolve_trainable  # a pattern that matches no parameter fails here
+  resolve_trainable(t.get("trainable"), cfg)
   if check_data and t.get("init_from") and not os.path.exists(str(t.init_from)):
     raise ValueError(f"train.init_from: no checkpoint at {t.init_from!r} (make one with "
                      f"`python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`)")

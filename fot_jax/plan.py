@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from fot_jax import configs, crossbatch, parallel
 from fot_jax.model import context_parallel
-from fot_jax.train import make_optimizer, make_train_step, stacked_plan, state_shardings
+from fot_jax.train import make_optimizer, make_train_step, resolve_trainable, stacked_plan, state_shardings
 
 
 def _widest_spec(schedule, rows: int):
@@ -24,9 +24,10 @@ def _widest_spec(schedule, rows: int):
   return max(schedule.all_specs(), key=lambda s: int((crossbatch.plan_from_spec(rows, s).sources >= 0).sum()))
 
 
-def compile_step(cfg, optimizer, mesh, rules, rows: int, window: int, accum: int = 1, spec=None, groups: int = 1):
+def compile_step(cfg, optimizer, mesh, rules, rows: int, window: int, accum: int = 1, spec=None, groups: int = 1,
+                 trainable=None):
   """The train step lowered and compiled against abstract shapes -> (compiled, abstract state)."""
-  abstract, shardings = state_shardings(cfg, optimizer, mesh, rules)
+  abstract, shardings = state_shardings(cfg, optimizer, mesh, rules, trainable)
   if context_parallel.context_size(mesh) > 1:
     context_parallel.check_length(window, context_parallel.context_size(mesh), cfg.context_layout)
   sources, positive = stacked_plan(spec or {}, rows, accum, groups)
@@ -37,7 +38,7 @@ def compile_step(cfg, optimizer, mesh, rules, rows: int, window: int, accum: int
            "targets": jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=bsh),
            "loss_mask": jax.ShapeDtypeStruct((rows, window), jnp.bool_, sharding=bsh)}
   plan_args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep) for x in (sources, positive)]
-  step = make_train_step(cfg, optimizer, accum, mesh, rules)
+  step = make_train_step(cfg, optimizer, accum, mesh, rules, trainable)
   widths = crossbatch.pack_widths(sources, crossbatch.pack_size(spec or {}))
   return step.lower(state, batch, *plan_args, widths).compile(), abstract
 
@@ -57,13 +58,14 @@ def plan(config) -> dict:
   mesh_cfg = config.get("mesh")
   mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
   optimizer = make_optimizer(config.optim)
-  state_shardings(cfg, optimizer, mesh, rules)  # indivisible parameters fail before the batch check
+  trainable = resolve_trainable(config.train.get("trainable"), cfg) if "train" in config else None
+  state_shardings(cfg, optimizer, mesh, rules, trainable)  # indivisible parameters fail before the batch check
   parallel.check_batch_rows(rows // accum, mesh, rules, "data.slots x windows_per_slot / train.accum_steps")
   scope = config.get("train", {}).get("crossbatch_scope", "batch") if "train" in config else "batch"
   groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
   spec = _widest_spec(schedule, rows // accum // groups)
   t0 = time.time()
-  compiled, abstract = compile_step(cfg, optimizer, mesh, rules, rows, window, accum, spec, groups)
+  compiled, abstract = compile_step(cfg, optimizer, mesh, rules, rows, window, accum, spec, groups, trainable)
   seconds = time.time() - t0
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost

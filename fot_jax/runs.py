@@ -248,7 +248,12 @@ def _lm_train_cfg(config):
   return {"steps": t.steps, "seed": config.seed, "loss_on": t.loss_on, "accum_steps": t.accum_steps,
           "log_every": t.log_every, "checkpoint_every": t.checkpoint_every, "optim": config.optim.to_dict(),
           "init_from": t.get("init_from"), "mesh": config.get("mesh"),
-          "crossbatch_scope": t.get("crossbatch_scope", "batch")}
+          "crossbatch_scope": t.get("crossbatch_scope", "batch"), "trainable": _trainable_spec(t.get("trainable"))}
+
+
+def _trainable_spec(spec):
+  """train.trainable as plain Python (a ConfigDict field may hold a tuple or a FieldReference)."""
+  return spec if spec is None or isinstance(spec, str) else [str(x) for x in spec]
 
 
 def lm_eval_docs(config, vocab, need: int):

@@ -1,12 +1,15 @@
 """Train state, FoT train step, training loop, checkpoints and metrics."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import re
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax
 import flax.linen as nn
@@ -15,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from flax import traverse_util
 
 from fot_jax import crossbatch, parallel
 from fot_jax.curriculum import Schedule
@@ -51,6 +55,86 @@ def make_optimizer(opt) -> optax.GradientTransformation:
   return optax.chain(*chain)
 
 
+# `train.trainable` names for groups that depend on the model config (expanded to regexes).
+TRAINABLE_GROUPS = {
+    "memory_attention": "the attention (q/k/v/o and any memory-only parameters) of the memory layers",
+    "memory_layers": "every parameter of the memory layers (attention, MLP, norms)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainable:
+  """The parameters a run updates: regexes, each fully matching '/'-joined parameter paths
+  ('layers_8/self_attn/q_proj/kernel'). Frozen parameters get no gradient (the step
+  differentiates the trainable subtree only, so no weight gradients and no backward pass below
+  the lowest trainable layer), no optimizer state and no update: they stay bit-identical."""
+  patterns: Tuple[str, ...]
+
+  def matches(self, path: str) -> bool:
+    return any(re.fullmatch(p, path) for p in self.patterns)
+
+  def select(self, tree):
+    """The trainable leaves of a parameter tree (boxed or not), as a nested dict."""
+    flat = traverse_util.flatten_dict(tree, sep="/")
+    return traverse_util.unflatten_dict({k: v for k, v in flat.items() if self.matches(k)}, sep="/")
+
+  def merge(self, full, sub):
+    """`full` with the trainable leaves taken from `sub` (same structure as `full`)."""
+    flat = traverse_util.flatten_dict(full, sep="/")
+    flat.update(traverse_util.flatten_dict(sub, sep="/"))
+    return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _select(trainable: Optional[Trainable], tree):
+  return tree if trainable is None else trainable.select(tree)
+
+
+def _merge(trainable: Optional[Trainable], full, sub):
+  return sub if trainable is None else trainable.merge(full, sub)
+
+
+def parameter_paths(cfg: ModelConfig) -> Dict[str, int]:
+  """{'/'-joined parameter path: size} of a model config (abstract: nothing is allocated)."""
+  shapes = jax.eval_shape(lambda: init_params(cfg, 0))
+  return {k: math.prod(v.shape) for k, v in traverse_util.flatten_dict(shapes, sep="/").items()}
+
+
+def resolve_trainable(spec, cfg: ModelConfig, field: str = "train.trainable") -> Optional[Trainable]:
+  """`train.trainable` -> Trainable, or None (every parameter trains). spec: None, 'all', or a
+  string / list of regexes over parameter paths and group names (TRAINABLE_GROUPS). A pattern
+  that matches no parameter is an error naming it."""
+  if spec is None or spec == "all" or (not isinstance(spec, str) and len(spec) == 0):
+    return None
+  items = [spec] if isinstance(spec, str) else [str(x) for x in spec]
+  layers = "|".join(str(i) for i in cfg.mem_layers)
+  patterns = []
+  for item in items:
+    if item == "all":
+      return None
+    if item in TRAINABLE_GROUPS:
+      if not cfg.mem_layers:
+        raise ValueError(f"{field}: {item!r} needs memory layers (model.mem_layers is empty)")
+      item = f"layers_({layers})/self_attn/.*" if item == "memory_attention" else f"layers_({layers})/.*"
+    try:
+      re.compile(item)
+    except re.error as e:
+      raise ValueError(f"{field}: {item!r} is not a regular expression ({e})") from None
+    patterns.append(item)
+  paths = parameter_paths(cfg)
+  for p, item in zip(patterns, items):
+    if not any(re.fullmatch(p, k) for k in paths):
+      raise ValueError(f"{field}: {item!r} matches no parameter (paths look like "
+                       f"{sorted(paths)[:3]}...; groups: {sorted(TRAINABLE_GROUPS)})")
+  return Trainable(tuple(patterns))
+
+
+def count_trainable(cfg: ModelConfig, trainable: Optional[Trainable]) -> Tuple[int, int]:
+  """(trainable parameters, all parameters) of a model config."""
+  paths = parameter_paths(cfg)
+  total = sum(paths.values())
+  return (total if trainable is None else sum(n for k, n in paths.items() if trainable.matches(k))), total
+
+
 def init_params(cfg: ModelConfig, seed: int, seq_len: int = 8, boxed: bool = False):
   """Parameters; `boxed` keeps flax's logical-axis metadata (for sharding specs)."""
   model = LlamaModel(cfg)
@@ -58,15 +142,16 @@ def init_params(cfg: ModelConfig, seed: int, seq_len: int = 8, boxed: bool = Fal
   return params if boxed else nn.meta.unbox(params)
 
 
-def state_shardings(cfg: ModelConfig, optimizer, mesh, rules):
+def state_shardings(cfg: ModelConfig, optimizer, mesh, rules, trainable: Optional[Trainable] = None):
   """(abstract TrainState, its NamedShardings), from the parameters' logical axis names.
 
   Nothing is allocated (eval_shape); the optimizer state inherits the boxes of the
-  parameters it mirrors. Fails before tracing if a dimension does not split over its axes.
+  parameters it mirrors (the trainable ones only). Fails before tracing if a dimension does
+  not split over its axes.
   """
   def boxed_state():
     params = init_params(cfg, 0, boxed=True)
-    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(_select(trainable, params)))
 
   boxed = jax.eval_shape(boxed_state)
   specs = parallel.to_mesh_specs(nn.get_partition_spec(boxed), rules)
@@ -75,16 +160,17 @@ def state_shardings(cfg: ModelConfig, optimizer, mesh, rules):
   return abstract, parallel.shardings_from_specs(specs, mesh)
 
 
-def init_state(cfg: ModelConfig, optimizer, seed: int, mesh, rules, params=None) -> TrainState:
+def init_state(cfg: ModelConfig, optimizer, seed: int, mesh, rules, params=None,
+               trainable: Optional[Trainable] = None) -> TrainState:
   """A TrainState created directly in its shardings (jitted init with out_shardings)."""
-  _, shardings = state_shardings(cfg, optimizer, mesh, rules)
+  _, shardings = state_shardings(cfg, optimizer, mesh, rules, trainable)
   if params is None:
     def fresh():
       p = init_params(cfg, seed)
-      return TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p))
+      return TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(_select(trainable, p)))
     return jax.jit(fresh, out_shardings=shardings)()
   params = jax.device_put(params, shardings.params)
-  return jax.jit(lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p)),
+  return jax.jit(lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(_select(trainable, p))),
                  out_shardings=shardings)(params)
 
 
@@ -97,7 +183,8 @@ def lm_loss_sums(logits, targets, mask):
   return jnp.sum(nll * mask), jnp.sum(correct * mask), jnp.sum(mask)
 
 
-def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None, rules=None):
+def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None, rules=None,
+                    trainable: Optional[Trainable] = None):
   """Returns step(state, batch, sources, positive, widths=None) -> (state, metrics), jitted over `mesh`.
 
   batch: inputs/targets [B, T] int32, loss_mask [B, T] bool (already restricted
@@ -108,6 +195,9 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
   G crossbatch groups, see stacked_plan). widths (static, a tuple: crossbatch.pack_widths of
   the plan) lets each pack position's rows attend to only their own extra contexts; None
   makes every row attend to all N plan columns (masked), with the same result.
+
+  trainable: only those parameters are differentiated and updated (the optimizer state holds
+  them alone: init it with `trainable.select(params)`); None: all.
 
   State shardings come from the logical-axis `rules` (default parallel.DEFAULT_RULES),
   the batch is split over the batch axes, plans and metrics are replicated; the state is
@@ -120,7 +210,8 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
 
   context = cp.context_size(mesh)
 
-  def micro_sums(params, inputs, targets, mask, acc_mask, sources, positive, widths):
+  def micro_sums(train_params, all_params, inputs, targets, mask, acc_mask, sources, positive, widths):
+    params = _merge(trainable, all_params, train_params)  # frozen leaves enter as constants
     plan = None
     if sources.shape[-1]:
       plan = (sources, positive) if widths is None else (sources, positive, widths)
@@ -156,27 +247,29 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
           sources, positive)
     grad_fn = jax.value_and_grad(micro_sums, has_aux=True)
 
+    train_params = _select(trainable, state.params)
+
     def body(carry, x):
       grads, sums = carry
-      (loss_sum, rest), g = grad_fn(state.params, *x, widths)
+      (loss_sum, rest), g = grad_fn(train_params, state.params, *x, widths)
       grads = jax.tree_util.tree_map(jnp.add, grads, g)
       sums = sums + jnp.stack([loss_sum, *rest])
       return (grads, sums), None
 
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, train_params)
     (grads, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros(6, jnp.float32)), xs)
     loss_sum, correct, acc_count, count, rd_num, rd_den = sums
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = optimizer.update(grads, state.opt_state, train_params)
+    params = _merge(trainable, state.params, optax.apply_updates(train_params, updates))
     metrics = {"loss": loss_sum / denom, "accuracy": correct / jnp.maximum(acc_count, 1.0),
                "tokens_scored": count,
                "rd": jnp.where(rd_den > 0, rd_num / jnp.maximum(rd_den, 1.0), jnp.nan),
                "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  _, state_sh = state_shardings(cfg, optimizer, mesh, rules)
+  _, state_sh = state_shardings(cfg, optimizer, mesh, rules, trainable)
   rep = parallel.replicated(mesh)
   return jax.jit(step, in_shardings=(state_sh, parallel.batch_sharding(mesh, rules), rep, rep),
                  out_shardings=(state_sh, rep), donate_argnums=(0,), static_argnums=(4,))
@@ -239,10 +332,11 @@ def params_from_checkpoint(path: str, model_cfg: ModelConfig):
     checkpoint.check_params(ck.params, model_cfg, path)
   except checkpoint.ConvertError as e:
     raise ValueError(f"train.init_from: {e}") from None
-  # Positions leave no trace in parameter shapes: a run with another RoPE would train silently wrong.
-  for field in ("rope_theta", "rope_scaling"):
+  # Positions and the norm's epsilon leave no trace in parameter shapes: a run with another RoPE
+  # or epsilon would train silently wrong (GGUF stores the epsilon as float32: compared loosely).
+  for field in ("rope_theta", "rope_scaling", "rms_norm_eps"):
     have, want = getattr(ck.cfg, field), getattr(model_cfg, field)
-    if have != want:
+    if have != want and not (field == "rms_norm_eps" and math.isclose(have, want, rel_tol=1e-6)):
       raise ValueError(f"train.init_from: {path} was trained with {field}={have!r}, the model config has "
                        f"{want!r}; set model.overrides.{field} to the checkpoint's")
   return ck.params
@@ -323,7 +417,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   resuming from workdir's own checkpoints wins over it), tensorboard (default True); mesh
   (parallel.make_mesh sizes and rules; default: data parallel over all devices);
   crossbatch_scope ('batch': negatives from any row of the global batch, 'device': only
-  rows on the same device).
+  rows on the same device); trainable (resolve_trainable: regexes over parameter paths or
+  'memory_attention' / 'memory_layers'; default all).
   batch_fn(step) -> this host's rows: inputs/targets/loss_mask [B_host, T], in packs of
   schedule.pack; the global batch is the hosts' rows in process order. A batch_fn with
   state_dict()/load_state_dict() has its state checkpointed and restored. When the
@@ -347,7 +442,11 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   if scope not in ("batch", "device"):
     raise ValueError(f"train.crossbatch_scope: must be 'batch' or 'device', got {scope!r}")
   groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
-  abstract, shardings = state_shardings(model_cfg, optimizer, mesh, rules)
+  trainable = resolve_trainable(train_cfg.get("trainable"), model_cfg)
+  n_train, n_total = count_trainable(model_cfg, trainable)
+  _print(f"[{name}] trainable: {n_train:,} of {n_total:,} parameters ({100 * n_train / n_total:.2f}%)"
+         + (f": {', '.join(trainable.patterns)}" if trainable else ""))
+  abstract, shardings = state_shardings(model_cfg, optimizer, mesh, rules, trainable)
   manager = _checkpoint_manager(workdir)
   if init_params_tree is None and train_cfg.get("init_from") and manager.latest_step() is None:
     init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
@@ -363,8 +462,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
     _restore_data(restored["extra"], feeds)
     _print(f"[{name}] resumed from step {start}")
   else:
-    state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree)
-  step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules)
+    state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree,
+                       trainable)
+  step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable)
   batch_sharding = parallel.batch_sharding(mesh, rules)
   log = MetricsLog(workdir, name, bool(train_cfg.get("tensorboard", True)))
   log_every = int(train_cfg.get("log_every", 10))
@@ -431,6 +531,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
     manager.wait_until_finished()
     manager.close()
   return {"params": state.params, "history": history, "steps": steps, "seconds": time.time() - t0,
+          "trainable_params": n_train,
           "phases": schedule.summary() if schedule.phases else []}
 
 

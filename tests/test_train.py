@@ -91,7 +91,8 @@ def test_accumulation_that_splits_a_pack_is_rejected(tmp_path):
 
 
 def test_init_from_refuses_other_positions(tmp_path):
-  """RoPE leaves no trace in parameter shapes: init_from compares rope_theta and rope_scaling."""
+  """RoPE and the norm's epsilon leave no trace in parameter shapes: init_from compares
+  rope_theta, rope_scaling and rms_norm_eps."""
   import dataclasses
   from fot_jax.convert import checkpoint
   from fot_jax.train import params_from_checkpoint
@@ -103,6 +104,8 @@ def test_init_from_refuses_other_positions(tmp_path):
     params_from_checkpoint(str(tmp_path / "ck"), CFG)
   with pytest.raises(ValueError, match="rope_theta=10000.0"):
     params_from_checkpoint(str(tmp_path / "ck"), dataclasses.replace(cfg, rope_theta=500.0))
+  with pytest.raises(ValueError, match="rms_norm_eps=1e-06"):
+    params_from_checkpoint(str(tmp_path / "ck"), dataclasses.replace(cfg, rms_norm_eps=1e-5))
 
 
 def test_bf16_step_keeps_float32_parameters_and_optimizer_state():
@@ -121,3 +124,82 @@ def test_bf16_step_keeps_float32_parameters_and_optimizer_state():
             if jnp.issubdtype(x.dtype, jnp.floating)}
   assert floats == {"float32"}
   assert metrics["grad_norm"].dtype == jnp.float32
+
+
+
+# trainable-subset tests: 2 layers, the second a memory layer (the fewest ops that compile)
+CFG2 = get_size("tiny", vocab_size=TASK.vocab_size, num_layers=2, mem_layers=(1,))
+
+
+@pytest.fixture(scope="module")
+def init2():
+  return init_params(CFG2, 0)
+
+
+def _flat(tree):
+  from flax import traverse_util
+  return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(tree, sep="/").items()}
+
+
+def test_trainable_subset_gets_the_full_models_gradient_and_the_rest_none(init2):
+  """train.trainable: the step differentiates only the selected leaves; with SGD(1) their update is
+  the gradient, which must equal the one the all-parameter step computes; the rest stay put."""
+  from fot_jax.train import resolve_trainable
+  trainable = resolve_trainable(["memory_attention", "norm/weight"], CFG2)
+  assert trainable.patterns == ("layers_(1)/self_attn/.*", "norm/weight")
+  params = init2
+  opt = optax.sgd(1.0)
+  batch = {k: jnp.asarray(v) for k, v in DictionaryBatches(TASK, slots=4, window=TASK.doc_len // 2, seed=0)(0).items()}
+  src, pos = (np.asarray(a)[None] for a in crossbatch.analysis_plan(8, 2, 1).as_tuple(grouped=False))
+  out = {}
+  for name, t in (("all", None), ("subset", trainable)):
+    p = jax.tree_util.tree_map(jnp.array, params)
+    state = TrainState(jnp.zeros((), jnp.int32), p, opt.init(p if t is None else t.select(p)))
+    out[name] = _flat(make_train_step(CFG2, opt, trainable=t)(state, batch, src, pos)[0].params)
+  before = _flat(params)
+  picked = [k for k in before if trainable.matches(k)]
+  assert sorted(picked) == ["layers_1/self_attn/k_proj/kernel", "layers_1/self_attn/o_proj/kernel",
+                            "layers_1/self_attn/q_proj/kernel", "layers_1/self_attn/v_proj/kernel", "norm/weight"]
+  for k in before:
+    if k in picked:
+      assert not np.array_equal(out["subset"][k], before[k]), k
+      np.testing.assert_allclose(out["subset"][k], out["all"][k], rtol=1e-5, atol=1e-7, err_msg=k)
+    else:
+      np.testing.assert_array_equal(out["subset"][k], before[k], err_msg=k)
+
+
+def test_trainable_frozen_bit_identical_no_optimizer_state_and_resume(tmp_path, init2):
+  """A trained subset (memory attention only), stopped after a step and resumed: frozen parameters
+  bit-identical after training, the trainable ones changed; the optimizer state holds moments of
+  the trainable ones only (what the checkpoint saves and the resume restores)."""
+  from fot_jax import parallel
+  from fot_jax.train import count_trainable, resolve_trainable, state_shardings
+  init = init2
+  before = _flat(init)
+  batches = DictionaryBatches(TASK, slots=4, window=TASK.doc_len // 2, seed=0)
+  tc = dict(_train_cfg(2, every=1), trainable=("memory_attention",))
+  sched = lambda: Schedule({"kind": "constant", "spec": {"d": 2, "w": 1}})  # noqa: E731
+  first = train(CFG2, dict(tc, steps=1), sched(), batches, str(tmp_path), init_params_tree=init)
+  resumed = train(CFG2, tc, sched(), batches, str(tmp_path))
+  assert [h["step"] for h in resumed["history"]] == [2]  # resumed from step 1's checkpoint
+  trainable = resolve_trainable(tc["trainable"], CFG2)
+  one, two = _flat(first["params"]), _flat(resumed["params"])
+  for k in before:
+    assert np.array_equal(two[k], before[k]) != trainable.matches(k), k
+    assert np.array_equal(two[k], one[k]) != trainable.matches(k), k  # the resumed step updated them again
+  n_train, n_total = count_trainable(CFG2, trainable)
+  assert resumed["trainable_params"] == n_train == sum(v.size for k, v in before.items() if trainable.matches(k))
+  assert 0 < n_train < n_total
+  mesh = parallel.make_mesh(None, devices=jax.devices()[:1])
+  abstract, _ = state_shardings(CFG2, make_optimizer(tc["optim"]), mesh, parallel.DEFAULT_RULES, trainable)
+  moments = sum(x.size for x in jax.tree_util.tree_leaves(abstract.opt_state) if x.ndim)
+  assert moments == 2 * n_train  # AdamW's mu and nu, nothing for frozen parameters
+
+
+def test_trainable_pattern_matching_nothing_is_named():
+  from fot_jax.train import resolve_trainable
+  with pytest.raises(ValueError, match=r"train.trainable: 'layers_9/.\*' matches no parameter"):
+    resolve_trainable(["memory_attention", "layers_9/.*"], CFG)
+  with pytest.raises(ValueError, match=r"train.trainable: '\(' is not a regular expression"):
+    resolve_trainable("(", CFG)
+  assert resolve_trainable((), CFG) is None and resolve_trainable("all", CFG) is None

@@ -143,8 +143,8 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
   """fot_jax checkpoint -> a directory LlamaForCausalLM.from_pretrained loads (LongLLaMA fields included).
 
   window: HF max_position_embeddings / LongLLaMA last_context_length (default: the
-  checkpoint's window). tokenizer: a SentencePiece model or a tokenizer.json to ship (default:
-  the checkpoint's).
+  checkpoint's window). tokenizer: a SentencePiece model or a tokenizer.json to ship (default: the
+  tokenizer file a training workdir records it trained with, else the one the checkpoint ships).
   """
   ck = source if isinstance(source, Checkpoint) else checkpoint.load(source)
   extras = mapping.non_llama_params(ck.cfg)
@@ -155,7 +155,11 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
   window = window or ck.window
   if not window:
     raise ConvertError(f"{ck.path}: the checkpoint does not record its window; pass --window")
-  tokenizer = tokenizer or ck.tokenizer_path
+  trained_with = ck.meta.get("vocab")  # what training records (`data.vocab`): a file, 'byte', ...
+  if not (isinstance(trained_with, str) and trained_with.endswith((".json", ".model"))
+          and os.path.isfile(trained_with)):
+    trained_with = None
+  tokenizer = tokenizer or trained_with or ck.tokenizer_path
   if tokenizer and not os.path.isfile(tokenizer):
     raise ConvertError(f"{tokenizer}: tokenizer file not found")
   if ck.meta.get("vocab") == "byte" and not tokenizer:

@@ -129,6 +129,11 @@ SIZES = {
     "openllama_3b": ModelConfig(vocab_size=32000, hidden_size=3200, intermediate_size=8640,
                                 num_layers=26, num_heads=32, mem_layers=(6, 12, 18),
                                 mem_positions="first", dtype="bfloat16", remat=True),
+    # SmolLM2-135M (`make smollm2`: docs/real_models.md), memory layers as LongLLaMA-7B's.
+    "smollm2_135m": ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                num_layers=30, num_heads=9, num_kv_heads=3, rope_theta=100000.0,
+                                rms_norm_eps=1e-5, tie_embeddings=True, mem_layers=(8, 16, 24),
+                                mem_positions="first"),
     # OpenLLaMA-7B shape, LongLLaMA-7B memory layers.
     "openllama_7b": ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                                 num_layers=32, num_heads=32, mem_layers=(8, 16, 24),
