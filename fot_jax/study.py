@@ -528,6 +528,20 @@ def markdown(study: Dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _line_styles(methods: Dict) -> Dict[str, Dict]:
+  """One colour per method spec (a fine-tuned method shares its frozen twin's), dashed when
+  fine-tuned: 15 methods stay readable where the default colour cycle repeats after 10."""
+  import matplotlib.pyplot as plt
+  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["#000000", "#7f7f00", "#004c99", "#993300"]
+  family, out = {}, {}
+  for n, r in methods.items():
+    spec = {k: v for k, v in (r.get("method") or {"name": n}).items() if k not in ("name", "finetune")}
+    key = json.dumps(spec, sort_keys=True, default=str)
+    family.setdefault(key, colours[len(family) % len(colours)])
+    out[n] = {"color": family[key], "ls": "--" if (r.get("method") or {}).get("finetune") else "-"}
+  return out
+
+
 def plot(study: Dict, workdir: str) -> List[str]:
   """study_ppl.png, study_accuracy.png (accuracy against length per method, one panel per grid),
   study_passkey.png / study_niah.png (heatmaps side by side), study_rd.png."""
@@ -541,19 +555,20 @@ def plot(study: Dict, workdir: str) -> List[str]:
   from fot_jax.eval import report
   methods = study["methods"]
   files = []
+  style = _line_styles(methods)
   with_ppl = {n: r["ppl"] for n, r in methods.items() if "ppl" in r}
   if with_ppl:
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.4))
     for n, p in with_ppl.items():
-      ax.plot(p["lengths"], p["perplexity"], "-o", label=n)
+      ax.plot(p["lengths"], p["perplexity"], marker="o", label=n, **style[n])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context length L (tokens)")
     ax.set_ylabel("perplexity of the last tokens")
     ax.axvline(study["window"], color="k", ls=":", lw=0.8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("Perplexity against length (dotted: base window)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("Perplexity against length (dotted: base window; dashed: fine-tuned)")
     fig.tight_layout()
     fig.savefig(os.path.join(workdir, "study_ppl.png"), dpi=110)
     plt.close(fig)
@@ -566,7 +581,7 @@ def plot(study: Dict, workdir: str) -> List[str]:
         if g not in _grids(r):
           continue
         gr = _grids(r)[g]
-        ax.plot(gr["lengths"], gr["accuracy_per_length"], "-o", label=n)
+        ax.plot(gr["lengths"], gr["accuracy_per_length"], marker="o", label=n, **style[n])
       ax.set_xscale("log", base=2)
       ax.set_ylim(-0.03, 1.03)
       ax.set_xlabel("length (tokens)")
