@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -93,8 +94,10 @@ def _merge(trainable: Optional[Trainable], full, sub):
   return sub if trainable is None else trainable.merge(full, sub)
 
 
+@functools.lru_cache(maxsize=8)  # one trace of the model's init per config: resolve + count at start-up
 def parameter_paths(cfg: ModelConfig) -> Dict[str, int]:
-  """{'/'-joined parameter path: size} of a model config (abstract: nothing is allocated)."""
+  """{'/'-joined parameter path: size} of a model config (abstract: nothing is allocated; callers
+  must not mutate the returned dict, which is shared)."""
   shapes = jax.eval_shape(lambda: init_params(cfg, 0))
   return {k: math.prod(v.shape) for k, v in traverse_util.flatten_dict(shapes, sep="/").items()}
 
