@@ -10,10 +10,37 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 QUESTION = "What is the pass key? The pass key is"
 
 
+SENTENCES = [s + ". " for s in FILLER.strip().rstrip(".").split(". ")]
+
+
+def needle(key: int) -> str:
+  return f"The pass key is {key}. Remember it. {key} is the pass key.\n"
+
+
 def passkey_document(rng: np.random.Generator, filler_repeats: int) -> dict:
   """One document: text, the passkey (5 digits) and the filler block it was inserted after."""
   key = int(rng.integers(10000, 100000))
   depth = int(rng.integers(0, filler_repeats + 1))
-  needle = f"The pass key is {key}. Remember it. {key} is the pass key.\n"
-  text = PREFIX + FILLER * depth + needle + FILLER * (filler_repeats - depth) + f"{QUESTION} {key}."
+  text = PREFIX + FILLER * depth + needle(key) + FILLER * (filler_repeats - depth) + f"{QUESTION} {key}."
+  return {"text": text, "passkey": key, "depth": depth}
+
+
+def short_passkey_document(rng: np.random.Generator, max_bytes: int, min_bytes: int = 0) -> dict:
+  """A passkey document of about `min_bytes` to at most `max_bytes` bytes, without the prefix:
+  whole filler sentences (the filler's cycle from a random sentence) with the needle after a
+  random one of them, then the question and the key. Training documents that fit a few
+  windows, so the question's window has the needle in the same window or in memory."""
+  key = int(rng.integers(10000, 100000))
+  tail = f"\n{QUESTION} {key}."
+  budget = max_bytes - len(needle(key)) - len(tail)
+  if budget < 0:
+    raise ValueError(f"passkey: max_bytes={max_bytes} is shorter than the needle and question "
+                     f"({len(needle(key)) + len(tail)} bytes)")
+  first, sentences, used = int(rng.integers(len(SENTENCES))), [], 0
+  fill = int(rng.integers(min(max(0, min_bytes - max_bytes + budget), budget), budget + 1))
+  while used + len(SENTENCES[(first + len(sentences)) % len(SENTENCES)]) <= fill:
+    sentences.append(SENTENCES[(first + len(sentences)) % len(SENTENCES)])
+    used += len(sentences[-1])
+  depth = int(rng.integers(0, len(sentences) + 1))
+  text = "".join(sentences[:depth]) + needle(key) + "".join(sentences[depth:]).rstrip() + tail
   return {"text": text, "passkey": key, "depth": depth}

@@ -136,9 +136,14 @@ def register_dictionary_task(name: str = "dictionary_lookup", task: DictionaryTa
   return _register(name, _PythonSource(dataset_fn, splits=("train", "validation")), features=_TOKEN_FEATURES)
 
 
-def register_passkey_task(name: str = "passkey", filler_repeats: int = 200, docs_per_epoch: int = 10000):
+def register_passkey_task(name: str = "passkey", filler_repeats: int = 200, docs_per_epoch: int = 10000,
+                          max_bytes: int = 0, min_bytes: int = 0):
+  """max_bytes > 0: short documents (passkey.short_passkey_document) instead of the prefix and
+  `filler_repeats` filler blocks."""
   def make_texts(split, seed):
     rng = np.random.default_rng((0 if seed is None else int(seed)) + (10**6 if split == "validation" else 0))
+    if max_bytes:
+      return (passkey.short_passkey_document(rng, max_bytes, min_bytes)["text"] for _ in range(docs_per_epoch))
     return (passkey.passkey_document(rng, filler_repeats)["text"] for _ in range(docs_per_epoch))
   return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
 
@@ -218,3 +223,8 @@ register_copy_text_task()
 # The stdlib corpus with a share of copy documents: keeps the copy circuit in use while the
 # model learns the language (experiments/stdlib_lm_tiny.py).
 register_mixture("stdlib_copy", {"stdlib": 0.8, "copy_text": 0.2})
+# Passkey documents of 192-256 bytes (two 128-byte windows) beside the stdlib corpus. Rates are per
+# document and a stdlib file lasts ~62 such steps of a slot, a passkey document one: 0.9 makes about
+# one slot-step in eight a passkey (experiments/stdlib_lm_tiny.py).
+register_passkey_task("passkey_short", max_bytes=256, min_bytes=192)
+register_mixture("stdlib_passkey", {"stdlib": 0.1, "passkey_short": 0.9})

@@ -103,3 +103,24 @@ def test_init_from_with_a_mismatched_model_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r"train.init_from: .*layers_0/mlp/down_proj/kernel has shape \(48, 32\)"):
     train(wrong, _run_cfg(ck, 1), Schedule({"kind": "constant", "spec": {"d": 1, "w": 1}}), batches,
           str(tmp_path / "run"))
+
+
+def test_verify_export_compares_with_the_torch_reference(tmp_path):
+  from fot_jax.convert.hf_files import ConvertError
+  from fot_jax.convert.verify import verify_export
+  make_hf(tmp_path / "hf", vocab_size=260)  # byte ids fit
+  model = fot_jax.from_pretrained(str(tmp_path / "hf"), mem_layers=(1,))
+  model.save(str(tmp_path / "ck"))
+  model.save_hf(str(tmp_path / "out"))
+  (tmp_path / "t.txt").write_text("def f(x):\n  return x + 1\n" * 4)
+  r = verify_export(str(tmp_path / "ck"), str(tmp_path / "out"), text_path=str(tmp_path / "t.txt"),
+                    tokens=3 * WINDOW + 2, vocab="byte")
+  assert (r["tokens"], r["window"], r["windows"], r["mem_layers"]) == (3 * WINDOW + 2, WINDOW, 4, [1])
+  assert r["max_abs_logit_diff"] < 1e-4 and r["argmax_agree"] == 1.0
+  assert abs(r["nll_fot_jax"] - r["nll_torch"]) < 1e-5
+  fot_jax.from_pretrained(str(tmp_path / "hf"), mem_layers=(0,)).save_hf(str(tmp_path / "other"))
+  with pytest.raises(ConvertError, match="memory layers"):
+    verify_export(str(tmp_path / "ck"), str(tmp_path / "other"), vocab="byte")
+  with pytest.raises(ConvertError, match="fewer than"):
+    verify_export(str(tmp_path / "ck"), str(tmp_path / "out"), text_path=str(tmp_path / "t.txt"),
+                  tokens=10_000, vocab="byte")

@@ -202,3 +202,24 @@ def test_vocab_mismatch_and_sentencepiece_training(tmp_path):
   assert (vocab.bos_id, vocab.eos_id) == (1, 2)
   with pytest.raises(ValueError, match="neither 'byte' nor an existing SentencePiece"):
     get_vocabulary(str(tmp_path / "missing.model"))
+
+
+def test_short_passkey_documents_fit_their_windows():
+  from data_pipelines import passkey
+  rng = np.random.default_rng(0)
+  docs = [passkey.short_passkey_document(rng, 256, 192) for _ in range(200)]
+  lengths = [len(d["text"]) for d in docs]
+  assert max(lengths) <= 256 and np.mean(lengths) > 192 - 20  # whole sentences: a little under min_bytes
+  for d in docs:
+    key = d["passkey"]
+    assert d["text"].count(passkey.needle(key)) == 1
+    assert d["text"].endswith(f"{passkey.QUESTION} {key}.")
+  assert len({d["depth"] for d in docs}) > 3  # the needle moves through the filler
+  with pytest.raises(ValueError, match="max_bytes"):
+    passkey.short_passkey_document(rng, 64)
+  # the registered mixture: both kinds of document (one slot-step in eight a passkey only once the
+  # slots settle: at the start every slot draws, 90% of them passkeys, and stdlib files last longer)
+  b = _batcher("stdlib_passkey", slots=8, window=128, repeat=True)
+  rows = [BYTE.decode([int(t) for t in r if t > 2]) for s in range(6) for r in b(s)["inputs"]]
+  share = np.mean(["pass key" in r for r in rows])
+  assert 0.05 < share < 0.95, share

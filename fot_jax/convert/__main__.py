@@ -1,6 +1,7 @@
 """python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT [--mem_layers 6,12,18 ...]
 python -m fot_jax.convert import_gguf --gguf FILE.gguf --out CKPT [--mem_layers 6,12,18 ...]
 python -m fot_jax.convert export_hf --checkpoint CKPT --out DIR [--dtype bfloat16 ...]
+python -m fot_jax.convert verify_export --checkpoint CKPT --export DIR [--text FILE --tokens N --window W]
 """
 from __future__ import annotations
 
@@ -52,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
   exp.add_argument("--mem_dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
   exp.add_argument("--fot_jax_only", action="store_true",
                    help="also write parameters plain LLaMA lacks (gating, temperature)")
+  ver = sub.add_parser("verify_export", help="fot_jax's memory logits vs the PyTorch reference on an export")
+  ver.add_argument("--checkpoint", required=True, help="what was exported (import output or training workdir)")
+  ver.add_argument("--export", required=True, help="the export_hf directory (float32 or bfloat16 weights)")
+  ver.add_argument("--text", default=None, help="a text file to encode (default: Python's inspect.py)")
+  ver.add_argument("--tokens", type=int, default=512, help="tokens compared (bos included)")
+  ver.add_argument("--window", type=int, default=None, help="default: the export's last_context_length")
+  ver.add_argument("--vocab", default="", help="vocabulary spec (default: the checkpoint's own)")
   return p
 
 
@@ -67,6 +75,11 @@ def main(argv=None) -> None:
       print(f"imported {src} -> {args.out} ({ck.cfg.num_layers} layers, vocab {ck.cfg.vocab_size}, "
             f"memory layers {list(ck.cfg.mem_layers)}, window {ck.window}, "
             f"tokenizer {ck.meta.get('tokenizer')})")
+    elif args.command == "verify_export":
+      from fot_jax.convert.verify import verify_export
+      r = verify_export(args.checkpoint, args.export, text_path=args.text, tokens=args.tokens,
+                        window=args.window, vocab=args.vocab)
+      print(" ".join(f"{k}={v}" for k, v in r.items()))
     else:
       export_hf(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size,
                 fot_jax_only=args.fot_jax_only, window=args.window, tokenizer=args.tokenizer,

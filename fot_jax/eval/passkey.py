@@ -7,12 +7,8 @@ from typing import Tuple
 
 import numpy as np
 
-from data_pipelines.passkey import FILLER, PREFIX, QUESTION
+from data_pipelines.passkey import FILLER, PREFIX, QUESTION, needle
 from fot_jax.eval.retrieval import fit_repeats
-
-
-def needle(key: int) -> str:
-  return f"The pass key is {key}. Remember it. {key} is the pass key.\n"
 
 
 def make_prompt_fn(vocab):
