@@ -224,7 +224,7 @@ register_copy_text_task()
 # model learns the language (experiments/stdlib_lm_tiny.py).
 register_mixture("stdlib_copy", {"stdlib": 0.8, "copy_text": 0.2})
 # Passkey documents of 192-256 bytes (two 128-byte windows) beside the stdlib corpus. Rates are per
-# document and a stdlib file lasts ~62 such steps of a slot, a passkey document one: 0.9 makes about
-# one slot-step in eight a passkey (experiments/stdlib_lm_tiny.py).
+# document and a stdlib file lasts ~62 such steps of a slot, a passkey document one: 0.95 makes about
+# one slot-step in four a passkey once the slots settle (experiments/stdlib_lm_tiny.py).
 register_passkey_task("passkey_short", max_bytes=256, min_bytes=192)
-register_mixture("stdlib_passkey", {"stdlib": 0.1, "passkey_short": 0.9})
+register_mixture("stdlib_passkey", {"stdlib": 0.05, "passkey_short": 0.95})

@@ -10,7 +10,12 @@ Byte vocabulary, a 3-layer model (hidden 64) with one memory layer, 128-token wi
                  (at most 600 steps);
   3. text_copy_d8  the same with d=8 (7 other slots' windows as negatives), 300 steps;
   4. lm_d8       the stdlib corpus at d=8 with a quarter of the slots still repeated
-                 (`stdlib_mixed`), so the circuit that reads memory survives on text.
+                 (`stdlib_mixed`), so the circuit that reads memory survives on text;
+  5. lm_passkey  the same with short passkey documents beside the stdlib files (`stdlib_pk`: the
+                 `stdlib_passkey` mixture, about a quarter of the slot-steps a 192-256-byte passkey
+                 document: the key in filler, the question in the next window or the same one),
+                 2,000 steps: a byte model of Python sources has no English to retrieve a passkey
+                 with (docs/data.md).
 The baseline is the same model trained on the same phases without crossbatch (its copy
 documents whole in one row, the repeat in 4 shuffled pieces; its repeated text windows are
 rows it cannot see the source of). Both are evaluated on held-out stdlib files (single-document
@@ -22,8 +27,8 @@ import ml_collections
 
 from experiments.base_lm import base_config
 
-COPY_MAX, TEXT_MAX, TEXT_D8, LM_D8 = 2500, 600, 300, 600
-STEPS = COPY_MAX + TEXT_MAX + TEXT_D8 + LM_D8
+COPY_MAX, TEXT_MAX, TEXT_D8, LM_D8, LM_PASSKEY = 2500, 600, 300, 600, 2000
+STEPS = COPY_MAX + TEXT_MAX + TEXT_D8 + LM_D8 + LM_PASSKEY
 
 
 def get_config():
@@ -49,7 +54,8 @@ def get_config():
   # the slots, next to plain text, in the LM phase.
   c.data.repeats = ml_collections.ConfigDict({
       "stdlib_repeat": {"task": "stdlib", "fraction": 1.0, "score_first": False},
-      "stdlib_mixed": {"task": "stdlib", "fraction": 0.25, "score_first": True}})
+      "stdlib_mixed": {"task": "stdlib", "fraction": 0.25, "score_first": True},
+      "stdlib_pk": {"task": "stdlib_passkey", "fraction": 0.25, "score_first": True}})
   c.optim.lr, c.optim.warmup_steps, c.optim.total_steps = 3e-3, 20, STEPS
   c.train.steps, c.train.checkpoint_every, c.train.log_every = STEPS, 200, 20
   c.train.curriculum = ml_collections.ConfigDict({"kind": "phases", "stop_after_last": True, "phases": [
@@ -58,7 +64,8 @@ def get_config():
       {"name": "text_copy", "task": "stdlib_repeat", "spec": {"d": 1, "w": 1}, "metric": "accuracy",
        "threshold": 0.95, "window": 5, "max_steps": TEXT_MAX},
       {"name": "text_copy_d8", "task": "stdlib_repeat", "spec": {"d": 8, "w": 1}, "steps": TEXT_D8},
-      {"name": "lm_d8", "task": "stdlib_mixed", "spec": {"d": 8, "w": 1}, "steps": LM_D8}]})
+      {"name": "lm_d8", "task": "stdlib_mixed", "spec": {"d": 8, "w": 1}, "steps": LM_D8},
+      {"name": "lm_passkey", "task": "stdlib_pk", "spec": {"d": 8, "w": 1}, "steps": LM_PASSKEY}]})
   c.eval.memory_tokens = [0, 2048, 8192, 32768]
   c.eval.score_tokens, c.eval.n_docs, c.eval.batch = 512, 16, 8
   return c
@@ -66,13 +73,13 @@ def get_config():
 
 def get_test_config():
   """A few-second variant for tests: 2-layer model, one step per phase (copy on ids, the repeat
-  view twice, the mixed LM view), small memories."""
+  view twice, the mixed LM view, the passkey mixture), small memories."""
   c = get_config()
   c.model.overrides.update({"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "mem_layers": (1,)})
   c.data.slots, c.data.window = 4, 32
   c.warmup.span, c.warmup.slots = 32, 4  # FoT: copy rows of the LM rows' shape (one compile)
-  c.train.steps, c.train.checkpoint_every, c.train.log_every = 4, 0, 1
-  c.optim.total_steps = 4
+  c.train.steps, c.train.checkpoint_every, c.train.log_every = 5, 0, 1
+  c.optim.total_steps = 5
   phases = c.train.curriculum.phases
   for p in phases:
     p.update(steps=1, metric=None, threshold=None, max_steps=None)

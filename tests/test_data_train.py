@@ -95,10 +95,11 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
   # copy (a repeat view, twice), then stdlib with a share of repeated slots; the baseline mirrors
   # FoT's phases without crossbatch.
   assert [(p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
-      ("copy", 0, 1), ("stdlib_repeat", 1, 2), ("stdlib_repeat", 2, 3), ("stdlib_mixed", 3, 4)]
+      ("copy", 0, 1), ("stdlib_repeat", 1, 2), ("stdlib_repeat", 2, 3), ("stdlib_mixed", 3, 4),
+      ("stdlib_pk", 4, 5)]
   assert [(p["task"], p["spec"]) for p in saved["no_crossbatch"]["phases"]] == [
-      ("copy", {}), ("stdlib_repeat", {}), ("stdlib_repeat", {}), ("stdlib_mixed", {})]
-  assert sorted(saved["data"]["fot"]) == ["stdlib_mixed", "stdlib_repeat"]  # the copy warm-up has none
+      ("copy", {}), ("stdlib_repeat", {}), ("stdlib_repeat", {}), ("stdlib_mixed", {}), ("stdlib_pk", {})]
+  assert sorted(saved["data"]["fot"]) == ["stdlib_mixed", "stdlib_pk", "stdlib_repeat"]  # the warm-up has none
   assert "documents used" in saved["data"]["fot"]["stdlib_mixed"]["pipeline"]
   assert results["fot"]["perplexity"] == saved["fot"]["perplexity"]
 
