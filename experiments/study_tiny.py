@@ -5,8 +5,8 @@
 Base: the tiny byte-level FoT model of experiments/stdlib_lm_tiny.py (3 layers of 64, memory
 layer 1, window 128), trained here first (W/base) on that file's whole curriculum (the copy
 warm-up on byte ids, the copy of stdlib text through memory at d=1 and d=8, then stdlib with a
-quarter of the slots repeated, at d=8; docs/data.md), FoT arm only, so the base can copy and
-retrieve at all. The same model trained by `stdlib_lm_tiny` can stand in for it:
+quarter of the slots repeated, at d=8, then the same with short passkey documents; docs/data.md),
+FoT arm only, so the base can copy and retrieve a passkey at all. The same model trained by `stdlib_lm_tiny` can stand in for it:
 `--config.base.checkpoint=runs/stdlib/fot`. The methods extend it from L0 = 128 to 1,024 tokens (8x). Frozen (no fine-tuning):
 RoPE scaling with factor 8 (PI, NTK-frozen, YaRN; dynamic NTK with the study's s = C'/(2C) = 4),
 Self-Extend, LM-Infinite, and FoT memory (the base's trained memory layer, and memory in every
