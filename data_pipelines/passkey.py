@@ -32,15 +32,17 @@ def short_passkey_document(rng: np.random.Generator, max_bytes: int, min_bytes: 
   windows, so the question's window has the needle in the same window or in memory."""
   key = int(rng.integers(10000, 100000))
   tail = f"\n{QUESTION} {key}."
-  budget = max_bytes - len(needle(key)) - len(tail)
+  fixed = len(needle(key)) + len(tail)
+  budget = max_bytes - fixed  # bytes of filler at most
   if budget < 0:
     raise ValueError(f"passkey: max_bytes={max_bytes} is shorter than the needle and question "
-                     f"({len(needle(key)) + len(tail)} bytes)")
-  first, sentences, used = int(rng.integers(len(SENTENCES))), [], 0
-  fill = int(rng.integers(min(max(0, min_bytes - max_bytes + budget), budget), budget + 1))
-  while used + len(SENTENCES[(first + len(sentences)) % len(SENTENCES)]) <= fill:
-    sentences.append(SENTENCES[(first + len(sentences)) % len(SENTENCES)])
-    used += len(sentences[-1])
+                     f"({fixed} bytes)")
+  first = int(rng.integers(len(SENTENCES)))
+  fill = int(rng.integers(min(budget, max(0, min_bytes - fixed)), budget + 1))
+  sentences, used = [], 0
+  while used + len(nxt := SENTENCES[(first + len(sentences)) % len(SENTENCES)]) <= fill:
+    sentences.append(nxt)
+    used += len(nxt)
   depth = int(rng.integers(0, len(sentences) + 1))
   text = "".join(sentences[:depth]) + needle(key) + "".join(sentences[depth:]).rstrip() + tail
   return {"text": text, "passkey": key, "depth": depth}

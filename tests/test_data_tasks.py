@@ -217,8 +217,8 @@ def test_short_passkey_documents_fit_their_windows():
   assert len({d["depth"] for d in docs}) > 3  # the needle moves through the filler
   with pytest.raises(ValueError, match="max_bytes"):
     passkey.short_passkey_document(rng, 64)
-  # the registered mixture: both kinds of document (one slot-step in eight a passkey only once the
-  # slots settle: at the start every slot draws, 90% of them passkeys, and stdlib files last longer)
+  # the registered mixture: both kinds of document (about a quarter of the slot-steps passkeys only
+  # once the slots settle: at the start every slot draws, 95% of them passkeys, and stdlib files last longer)
   b = _batcher("stdlib_passkey", slots=8, window=128, repeat=True)
   rows = [BYTE.decode([int(t) for t in r if t > 2]) for s in range(6) for r in b(s)["inputs"]]
   share = np.mean(["pass key" in r for r in rows])

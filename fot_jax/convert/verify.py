@@ -4,16 +4,10 @@ the same tokens of real text, window by window with dense memory."""
 from __future__ import annotations
 
 import inspect
-import json
 import os
 from typing import Dict, Optional
 
 import numpy as np
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-  x = x - x.max(-1, keepdims=True)
-  return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def verify_export(checkpoint: str, export_dir: str, text_path: Optional[str] = None, tokens: int = 512,
@@ -26,6 +20,7 @@ def verify_export(checkpoint: str, export_dir: str, text_path: Optional[str] = N
   import fot_jax
   from fot_jax.convert.hf_files import ConvertError
   from fot_jax.convert.torch_reference import TorchMemoryLlama
+  from fot_jax.eval.perplexity import _nll
   if tokens < 2:
     raise ConvertError(f"verify_export: --tokens must be at least 2, got {tokens}")
   if not os.path.exists(os.path.join(export_dir, "config.json")):
@@ -45,15 +40,10 @@ def verify_export(checkpoint: str, export_dir: str, text_path: Optional[str] = N
   ours = model.logits_with_memory(ids, window=window)[0]
   theirs = ref.logits_with_memory(ids, window=window)[0]
   targets = ids[0, 1:]
-  nll = lambda lg: float(-_log_softmax(lg[:-1])[np.arange(len(targets)), targets].mean())
+  nll = lambda lg: float(_nll(lg[:-1], targets).mean())
   return {"tokens": int(ids.shape[1]), "window": window, "windows": -(-ids.shape[1] // window),
-          "mem_layers": sorted(model.cfg.mem_layers), "export_dtype": _dtype(export_dir),
+          "mem_layers": sorted(model.cfg.mem_layers), "export_dtype": str(ref.config.get("torch_dtype") or ref.config.get("dtype")),
           "max_abs_logit_diff": float(np.abs(ours - theirs).max()),
           "argmax_agree": float((ours.argmax(-1) == theirs.argmax(-1)).mean()),
           "nll_fot_jax": nll(ours), "nll_torch": nll(theirs)}
 
-
-def _dtype(export_dir: str) -> str:
-  with open(os.path.join(export_dir, "config.json")) as f:
-    config = json.load(f)
-  return str(config.get("torch_dtype") or config.get("dtype"))
