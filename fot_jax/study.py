@@ -567,7 +567,7 @@ def plot(study: Dict, workdir: str) -> List[str]:
     ax.set_ylabel("perplexity of the last tokens")
     ax.axvline(study["window"], color="k", ls=":", lw=0.8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=7, handlelength=3, loc="center left", bbox_to_anchor=(1.01, 0.5))  # long enough to show the dashes
     ax.set_title("Perplexity against length (dotted: base window; dashed: fine-tuned)")
     fig.tight_layout()
     fig.savefig(os.path.join(workdir, "study_ppl.png"), dpi=110)
@@ -588,7 +588,7 @@ def plot(study: Dict, workdir: str) -> List[str]:
       ax.set_ylabel("accuracy")
       ax.set_title(g)
       ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, handlelength=3)  # long enough to show the dashes
     fig.tight_layout()
     fig.savefig(os.path.join(workdir, "study_accuracy.png"), dpi=110)
     plt.close(fig)
