@@ -80,10 +80,12 @@ def _run(cfg, x):
 
 
 @pytest.mark.parametrize("strategy", [SELF_EXTEND, LM_INFINITE], ids=["self_extend", "lm_infinite"])
-@pytest.mark.parametrize("scaling", [(), {"rope_type": "linear", "factor": 2.0}], ids=["rope", "linear"])
-def test_strategy_equals_numpy_rederivation(strategy, scaling):
+@pytest.mark.parametrize("scaling,impl", [((), "dense"), ({"rope_type": "linear", "factor": 2.0}, "dense"),
+                                          ((), "blockwise")], ids=["rope", "linear", "streamed"])
+def test_strategy_equals_numpy_rederivation(strategy, scaling, impl):
+  """'streamed': blocks of 5 over 12 tokens (ragged query chunks and key blocks, skipped pairs)."""
   x = np.random.default_rng(1).normal(size=(2, T, 32))
-  cfg = _cfg(position_strategy=strategy, rope_scaling=scaling)
+  cfg = _cfg(position_strategy=strategy, rope_scaling=scaling, attention_impl=impl, attention_block=5)
   cfg.validate()
   ours, params = _run(cfg, x)
   factor = dict(cfg.rope_scaling).get("factor", 1.0)
@@ -111,3 +113,23 @@ def test_bad_strategy_is_refused(spec, words):
   with pytest.raises(ValueError) as info:
     _cfg(position_strategy=spec).validate()
   assert str(info.value).startswith("model.position_strategy: ") and words in str(info.value)
+
+
+@pytest.mark.parametrize("strategy", [SELF_EXTEND, LM_INFINITE], ids=["self_extend", "lm_infinite"])
+def test_streamed_equals_dense_with_padding_and_gradients(strategy):
+  """Streamed (blocks of 5) against the materialised scores, with padding: outputs of real
+  tokens and the gradients with respect to the input and the weights."""
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(2, T, 32)), jnp.float32)
+  pos = jnp.broadcast_to(jnp.arange(T), (2, T))
+  mask = jnp.asarray([np.arange(T) < 9, np.arange(T) >= 3])  # right padding; left (keys real tokens must not see)
+  _, params = _run(_cfg(position_strategy=strategy), np.asarray(x))
+  weights = jnp.sin(jnp.arange(2 * T * 32, dtype=jnp.float32)).reshape(2, T, 32) * mask[..., None]
+
+  def loss(impl):
+    mod = Attention(_cfg(position_strategy=strategy, attention_impl=impl, attention_block=5))
+    return lambda p, x: jnp.sum(mod.apply({"params": p}, x, pos, mask)[0] * weights)
+
+  want = jax.value_and_grad(loss("dense"), argnums=(0, 1))(params, x)
+  got = jax.jit(jax.value_and_grad(loss("blockwise"), argnums=(0, 1)))(params, x)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(a, b, atol=1e-4 * max(1.0, float(np.abs(b).max())), rtol=1e-4)

@@ -123,7 +123,10 @@ class Attention(nn.Module):
     if extra is None and cache is None and backend and not (strategy or seq_par):
       out = ops.fused_causal(q, k, v, token_mask, backend)
     else:
-      if strategy:  # Self-Extend / LM-Infinite: their own positions and visibility over the window
+      if strategy and impl != "dense":  # Self-Extend / LM-Infinite, streamed
+        qs, ks, choose = position_strategies.streamed_inputs(cfg, q_pre, k_pre, positions, scale)
+        local = ops.attend_rotated(qs, ks, v, token_mask, q_pos, positions, choose, block)
+      elif strategy:  # Self-Extend / LM-Infinite: their own positions and visibility over the window
         local_scores, visible = position_strategies.local_scores(cfg, q_pre, k_pre, positions, scale)
         causal = jnp.tril(jnp.ones((t, t), bool))
         local = mem.block_partial(local_scores, causal[None, None, None] & token_mask[:, None, None, None, :]

@@ -7,9 +7,13 @@ one softmax (DESIGN.md, "One attention path"). Implementations:
 * `dense`: the reference; materialises the float32 scores [B, KV, G, T, S].
 * `blockwise`: streams key/value blocks of `block` keys with the running max /
   sum merge; a custom VJP recomputes each block's scores in the backward pass, so
-  neither pass keeps more than [B, KV, G, T, block] scores. It returns the
-  partial in normalised form (max = log-sum-exp, sum = 1), which merges like any
-  other partial.
+  neither pass keeps more than [B, KV, G, T, block] scores. A causal block (q_pos
+  given) is also cut into query chunks of `block`, and a (chunk, key block) pair
+  that no query may see (the future, padding) is skipped in both passes: a long
+  causal window costs about half the dense score work and O(block^2) scores.
+  It returns the partial in normalised form (max = log-sum-exp, sum = 1), which
+  merges like any other partial. `attend_rotated` streams the same way for the
+  position strategies (several rotations of q and k, one chosen per pair).
 * `fused`: the backend's kernel (cuDNN through `jax.nn.dot_product_attention` on
   GPU) for a causal window that nothing merges with (layers without extra
   contexts); everything else, and every CPU or TPU run, uses `blockwise`.
@@ -47,12 +51,48 @@ def attend(q, k, v, key_mask, q_pos=None, positive=None, impl: str = "dense", bl
     raise ValueError(f"model.attention_impl: must be one of {IMPLS}, got {impl!r}")
   if block <= 0:
     raise ValueError(f"model.attention_block: must be positive, got {block}")
+  causal = q_pos is not None
   q_pos = jnp.full((b, t), _ALL, jnp.int32) if q_pos is None else q_pos.astype(jnp.int32)
   want_pos = positive is not None
   positive = jnp.zeros(key_mask.shape, bool) if positive is None else positive
-  out, lse, pos = _blockwise(q, k, v, key_mask, q_pos, positive, min(block, k.shape[1]))
+  kblock = min(block, k.shape[1])
+  if causal:  # query chunks: each skips the key blocks beyond its last query
+    qc = min(block, t)
+    q, q_pos = _pad_to(q, 1, qc), _pad_to(q_pos, 1, qc, -1)  # padding queries see nothing
+    out, lse, pos = _query_chunks(
+        lambda c: _blockwise(_chunk(q, c, qc), k, v, key_mask, _chunk(q_pos, c, qc), positive, kblock),
+        t, qc)
+  else:
+    out, lse, pos = _blockwise(q, k, v, key_mask, q_pos, positive, kblock)
+  return _normalised_partial(out, lse, pos if want_pos else None)
+
+
+def _normalised_partial(out, lse, pos=None) -> Partial:
   live = (lse > NEG / 2).astype(jnp.float32)
-  return Partial(lse, live, out, jax.lax.stop_gradient(pos) if want_pos else None)
+  return Partial(lse, live, out, None if pos is None else jax.lax.stop_gradient(pos))
+
+
+def _pad_to(x, axis, chunk, value=0):
+  """Pads `axis` to whole chunks with `value`."""
+  extra = -(-x.shape[axis] // chunk) * chunk - x.shape[axis]
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _chunk(x, c, chunk, axis=1):
+  return jax.lax.dynamic_slice_in_dim(x, c * chunk, chunk, axis)
+
+
+def _query_chunks(f, t, chunk):
+  """f(c) -> arrays [B, KV, G, chunk, ...] for query chunk c; -> the same over T queries
+  (one call when T fits one chunk, else lax.map over chunks: a small graph for any T)."""
+  n = -(-t // chunk)
+  if n == 1:
+    return tuple(o[:, :, :, :t] for o in f(0))
+  outs = jax.lax.map(f, jnp.arange(n, dtype=jnp.int32))
+  return tuple(jnp.moveaxis(o, 0, 3).reshape(o.shape[1:4] + (n * chunk,) + o.shape[5:])[:, :, :, :t]
+               for o in outs)
 
 
 def _split(x, block):
@@ -75,18 +115,29 @@ def _forward(q, k, v, key_mask, q_pos, positive, block):
   shape = (b, kv, g, t)
 
   def body(carry, xs):
-    m, l, acc, pos = carry
     i, kb, vb, mb, pb = xs
     vis = _visible(mb, q_pos, i * block, block)
-    s = jnp.where(vis, scores(q32, kb), NEG)
-    m_new = jnp.maximum(m, jnp.max(s, -1))
-    p = jnp.exp(s - m_new[..., None]) * vis
-    c = jnp.exp(m - m_new)
-    acc = acc * c[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p, vb.astype(jnp.float32))
-    pos = pos * c + jnp.sum(p * pb[:, None, None, None, :], -1)
-    return (m_new, l * c + jnp.sum(p, -1), acc, pos), None
+    update = lambda carry: _online_update(carry, scores(q32, kb), vis, vb, pb)
+    return jax.lax.cond(jnp.any(vis), update, lambda carry: carry, carry), None
 
   blocks = (_split(k, block), _split(v, block), _split(key_mask, block), _split(positive, block))
+  return _stream(body, shape, d, blocks)
+
+
+def _online_update(carry, s, vis, vb, pb):
+  """One key block into the running (max, sum, weighted values, positive mass)."""
+  m, l, acc, pos = carry
+  s = jnp.where(vis, s, NEG)
+  m_new = jnp.maximum(m, jnp.max(s, -1))
+  p = jnp.exp(s - m_new[..., None]) * vis
+  c = jnp.exp(m - m_new)
+  acc = acc * c[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p, vb.astype(jnp.float32))
+  pos = pos * c + jnp.sum(p * pb[:, None, None, None, :], -1)
+  return m_new, l * c + jnp.sum(p, -1), acc, pos
+
+
+def _stream(body, shape, d, blocks):
+  """Scans `body` over key blocks -> (out normalised, lse, positive fraction)."""
   n = blocks[0].shape[0]
   init = (jnp.full(shape, NEG, jnp.float32), jnp.zeros(shape, jnp.float32),
           jnp.zeros(shape + (d,), jnp.float32), jnp.zeros(shape, jnp.float32))
@@ -121,14 +172,19 @@ def _blockwise_bwd(block, res, cts):
   def body(dq, xs):
     i, kb, vb, mb = xs
     vis = _visible(mb, q_pos, i * block, block)
-    s = jnp.where(vis, scores(q32, kb), NEG)
-    p = jnp.exp(s - lse[..., None]) * vis
-    dv = jnp.einsum("bkgts,bkgtd->bskd", p, dout)
-    dp = jnp.einsum("bkgtd,bskd->bkgts", dout, vb.astype(jnp.float32))
-    ds = p * (dp - delta[..., None])
-    dq = dq + jnp.einsum("bkgts,bskd->btkgd", ds, kb.astype(jnp.float32))
-    dk = jnp.einsum("bkgts,btkgd->bskd", ds, q32)
-    return dq, (dk, dv)
+
+    def grads(dq):
+      s = jnp.where(vis, scores(q32, kb), NEG)
+      p = jnp.exp(s - lse[..., None]) * vis
+      dv = jnp.einsum("bkgts,bkgtd->bskd", p, dout)
+      dp = jnp.einsum("bkgtd,bskd->bkgts", dout, vb.astype(jnp.float32))
+      ds = p * (dp - delta[..., None])
+      dq = dq + jnp.einsum("bkgts,bskd->btkgd", ds, kb.astype(jnp.float32))
+      dk = jnp.einsum("bkgts,btkgd->bskd", ds, q32)
+      return dq, (dk, dv)
+
+    zero = jnp.zeros(kb.shape, jnp.float32)
+    return jax.lax.cond(jnp.any(vis), grads, lambda dq: (dq, (zero, zero)), dq)
 
   kb, vb, mb = _split(k, block), _split(v, block), _split(key_mask, block)
   n = kb.shape[0]
@@ -145,6 +201,48 @@ def _blockwise_bwd(block, res, cts):
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+
+
+def attend_rotated(qs, ks, v, key_mask, q_pos, positions, choose, block: int = 512) -> Partial:
+  """A causal window whose pairs pick their score among several rotations (position strategies).
+
+  qs [R, B, T, KV, G, D] (scaled), ks [R, B, S, KV, D]: the queries and keys under each of R
+  rotations; positions [B, T] (the window's token positions, queries and keys alike);
+  choose(query positions [B, t], key positions [B, s]) -> (choice int [B, t, s], visible bool):
+  the rotation that scores a pair and whether the strategy lets it be seen (causality, padding
+  and q_pos are applied here). Streams (query chunk, key block) pairs as `blockwise` does,
+  skipping pairs nothing sees; differentiated by JAX (no custom VJP: inference is its use).
+  """
+  t, d = qs.shape[2], qs.shape[-1]
+  qc, kblock = min(block, t), min(block, ks.shape[2])
+  shape = (qs.shape[1],) + qs.shape[3:5] + (qc,)
+  qs_p = _pad_to(qs, 2, qc)
+  q_pos_p = _pad_to(q_pos.astype(jnp.int32), 1, qc, -1)  # padding queries see nothing
+  pos_p = _pad_to(positions.astype(jnp.int32), 1, qc)
+  split_rot = lambda x: jnp.moveaxis(jax.vmap(lambda r: _split(r, kblock))(x), 0, 1)  # [n, R, B, blk, ...]
+  blocks = (split_rot(ks), _split(v, kblock), _split(key_mask, kblock),
+            _split(positions.astype(jnp.int32), kblock))
+
+  def one_chunk(c):
+    q_c, qp_c, pos_c = _chunk(qs_p, c, qc, axis=2), _chunk(q_pos_p, c, qc), _chunk(pos_p, c, qc)
+
+    def body(carry, xs):
+      i, kb, vb, mb, kpos = xs
+      choice, allowed = choose(pos_c, kpos)
+      vis = _visible(mb, qp_c, i * kblock, kblock) & allowed[:, None, None]
+
+      def update(carry):
+        s = scores(q_c[0], kb[0])
+        for r in range(1, qs.shape[0]):
+          s = jnp.where((choice == r)[:, None, None], scores(q_c[r], kb[r]), s)
+        return _online_update(carry, s, vis, vb, jnp.zeros(mb.shape, jnp.float32))
+
+      return jax.lax.cond(jnp.any(vis), update, lambda carry: carry, carry), None
+
+    return _stream(body, shape, d, blocks)[:2]
+
+  out, lse = _query_chunks(one_chunk, t, qc)
+  return _normalised_partial(out, lse)
 
 
 # ----------------------------------------------------------------------------- fused kernels

@@ -14,7 +14,9 @@ contexts, values and the softmax are untouched, and memory layers with mem_posit
 
 Each strategy is a list of (query positions, key positions) rotations plus, per
 (query, key), which rotation scores it and whether it is visible; any RoPE variant
-(rope.py) rotates them, with the dynamic-NTK length of the true positions.
+(rope.py) rotates them, with the dynamic-NTK length of the true positions. With
+attention_impl 'dense' the window's [T, T] scores are materialised; otherwise they are
+streamed block by block (long windows: a 16K-token Self-Extend forward in bounded memory).
 """
 from __future__ import annotations
 
@@ -51,32 +53,48 @@ def validate_strategy(pairs) -> None:
                        f"integer, got {p[key]!r}")
 
 
-def pattern(pairs, q_pos, k_pos):
-  """q_pos [B, T], k_pos [B, S] int -> (rotations [(q positions, k positions)], choice int
-  [B, T, S] (index of the rotation that scores each pair), visible bool [B, T, S])."""
+def rotations(pairs, q_pos, k_pos):
+  """q_pos [B, T], k_pos [B, S] int -> the strategy's rotations [(query positions, key positions)]."""
+  p = dict(pairs)
+  if p["kind"] == "self_extend":
+    w, g = p["window"], p["group"]
+    return [(q_pos, k_pos), (q_pos // g + w - w // g, k_pos // g)]
+  return [(q_pos, k_pos), (jnp.full_like(q_pos, p["max_distance"]), jnp.zeros_like(k_pos))]  # distance L
+
+
+def choice_visible(pairs, q_pos, k_pos):
+  """-> (choice int [B, T, S]: index of the rotation that scores each pair, visible bool [B, T, S])."""
   p = dict(pairs)
   dist = q_pos[:, :, None] - k_pos[:, None, :]
   if p["kind"] == "self_extend":
-    w, g = p["window"], p["group"]
-    grouped = (q_pos // g + w - w // g, k_pos // g)
-    return [(q_pos, k_pos), grouped], (dist >= w).astype(jnp.int32), jnp.ones(dist.shape, bool)
-  cap = p["max_distance"]
-  capped = (jnp.full_like(q_pos, cap), jnp.zeros_like(k_pos))  # distance exactly L
+    return (dist >= p["window"]).astype(jnp.int32), jnp.ones(dist.shape, bool)
   visible = (k_pos < p["global_tokens"])[:, None, :] | (dist < p["local_window"])
-  return [(q_pos, k_pos), capped], (dist > cap).astype(jnp.int32), visible
+  return (dist > p["max_distance"]).astype(jnp.int32), visible
+
+
+def _rotated(cfg, q, k, positions, scale):
+  """q [B, T, H, D], k [B, T, KV, D] before RoPE -> per rotation, q scaled [B, T, KV, G, D] and k."""
+  b, t, h, d = q.shape
+  kv = k.shape[2]
+  length = jnp.max(positions) + 1  # one dynamic-NTK length for all rotations: the true one
+  return [((apply_rope(q, qp, cfg, length) * scale).reshape(b, t, kv, h // kv, d), apply_rope(k, kp, cfg, length))
+          for qp, kp in rotations(cfg.position_strategy, positions, positions)]
 
 
 def local_scores(cfg, q, k, positions, scale):
   """q [B, T, H, D], k [B, T, KV, D] before RoPE -> (scaled scores [B, KV, G, T, T] float32,
   visible [B, 1, 1, T, T]) under cfg.position_strategy (the caller adds causality and padding)."""
-  b, t, h, d = q.shape
-  kv = k.shape[2]
-  rotations, choice, visible = pattern(cfg.position_strategy, positions, positions)
-  length = jnp.max(positions) + 1  # one dynamic-NTK length for all rotations: the true one
+  choice, visible = choice_visible(cfg.position_strategy, positions, positions)
   s = None
-  for i, (qp, kp) in enumerate(rotations):
-    qr = (apply_rope(q, qp, cfg, length) * scale).reshape(b, t, kv, h // kv, d)
-    kr = apply_rope(k, kp, cfg, length)
+  for i, (qr, kr) in enumerate(_rotated(cfg, q, k, positions, scale)):
     si = jnp.einsum("btkgd,bskd->bkgts", qr.astype(jnp.float32), kr.astype(jnp.float32))
     s = si if s is None else jnp.where((choice == i)[:, None, None], si, s)
   return s, visible[:, None, None]
+
+
+def streamed_inputs(cfg, q, k, positions, scale):
+  """The same attention for attention_ops.attend_rotated, which streams it block by block:
+  -> (queries [R, B, T, KV, G, D] scaled, keys [R, B, T, KV, D] per rotation, choose(q_pos, k_pos))."""
+  rot = _rotated(cfg, q, k, positions, scale)
+  choose = lambda qp, kp: choice_visible(cfg.position_strategy, qp, kp)
+  return jnp.stack([r[0] for r in rot]), jnp.stack([r[1] for r in rot]), choose
