@@ -212,3 +212,15 @@ def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
       assert len(others) == j * (d - 1) and all(o // k != slot and o % k < j for o in others)
   # an explicit spec passes through unchanged
   assert study._crossbatch_curriculum({"d": 2, "w": 2}, k) == {"kind": "constant", "spec": {"d": 2, "w": 2}}
+
+
+def test_smollm2_study_config_fits_the_import():
+  """experiments/study_smollm2.py: every method is a valid config of the imported architecture,
+  streams its attention (no 16K x 16K scores) and is evaluated past the native 8K."""
+  from experiments import study_smollm2
+  c = study_smollm2.get_config()
+  base = get_size("smollm2_135m", mem_layers=())
+  for m in c.methods:
+    cfg = study.method_model_config(base, m)
+    assert cfg.attention_impl == "blockwise", m["name"]
+  assert max(c.lengths) > 8192 and len({m["name"] for m in c.methods}) == len(c.methods)
