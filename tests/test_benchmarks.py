@@ -36,3 +36,12 @@ def test_accelerator_peak_table():
   assert accelerator_check.peak_flops("TPU v5 lite") == 197e12
   assert accelerator_check.peak_flops("TPU v4") == 275e12
   assert accelerator_check.peak_flops("cpu") is None
+
+
+def test_long_forward_runs_every_variant(tmp_path):
+  from benchmarks import long_forward
+  out = long_forward.main(["--size", "tiny", "--layers", "1", "--lengths", "48", "--block", "16", "--runs", "1",
+                           "--json", str(tmp_path / "r.json")])
+  assert len(out["rows"]) == 6 and len(out["ratios"]) == 3
+  assert all(r["seconds"] > 0 and r["temp_bytes"] > 0 for r in out["rows"])
+  assert json.loads((tmp_path / "r.json").read_text())["ratios"] == out["ratios"]
