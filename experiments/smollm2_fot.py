@@ -43,8 +43,7 @@ from experiments.base_lm import base_config, segments_spec
 CHECKPOINT = "checkpoints/smollm2-135m"
 SEGMENTS = [(0, 0), (1, 1), (2, 1), (3, 0)]  # LongLLaMA-3B
 NO_NEGATIVES = [(j, 0) for j, _ in SEGMENTS]  # the same positives, d = 1
-COPY_D1, COPY, LM = 80, 30, 50
-LR = 1e-3
+COPY_D1, COPY, LM = 40, 30, 70
 STEPS = COPY_D1 + COPY + LM
 
 
@@ -65,7 +64,7 @@ def get_config():
   c.data.repeats = ml_collections.ConfigDict({
       "stdlib_repeat": {"task": "stdlib", "fraction": 1.0, "score_first": False},
       "stdlib_mixed": {"task": "stdlib", "fraction": 0.25, "score_first": True}})
-  c.optim.lr, c.optim.warmup_steps, c.optim.schedule, c.optim.total_steps = LR, 10, "constant", STEPS
+  c.optim.lr, c.optim.warmup_steps, c.optim.schedule, c.optim.total_steps = 1e-4, 10, "constant", STEPS
   c.optim.weight_decay, c.optim.clip_norm = 0.01, 1.0
   c.train.steps, c.train.loss_on = STEPS, "all"
   c.train.checkpoint_every, c.train.log_every = 20, 1
