@@ -70,6 +70,17 @@ def test_topk_with_k_covering_memory_equals_dense():
   np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
 
+def test_dense_memory_in_small_chunks_skips_dead_ones_and_equals_one_chunk():
+  """Memory capacity (1,024) far above its fill: chunks of T are mostly dead and skipped."""
+  cfg = get_size("tiny", mem_layers=(1,))
+  params = _params(cfg)
+  toks = np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 5 * T)).astype(np.int32)
+  whole = MemoryInference(cfg, params, T, "dense")
+  chunked = MemoryInference(cfg, params, T, "dense", chunk=T)
+  np.testing.assert_allclose(chunked.process(toks, chunked.new_memory(2)), whole.process(toks, whole.new_memory(2)),
+                             atol=2e-5, rtol=1e-5)
+
+
 def test_topk_selects_the_best_keys():
   """With k < memory, top-k keeps only the k highest-scoring entries (NumPy check on one layer)."""
   from fot_jax.model import memory as mem

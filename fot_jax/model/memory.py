@@ -106,8 +106,9 @@ def dense_memory_partial(q, blocks: Sequence[MemoryBlock], chunk: int) -> Option
     def body(carry, xs):
       k, v, mk, pk = xs
       positive = None if pk is None else pk[:, None, None, None, :]
-      part = block_partial(scores(q, k), mk[:, None, None, None, :], v, positive)
-      return merge(carry, part), None
+      add = lambda carry: merge(carry, block_partial(scores(q, k), mk[:, None, None, None, :], v, positive))
+      # a chunk with no live entry (memory grows by doubling its capacity) is skipped, not scored
+      return jax.lax.cond(jnp.any(mk), add, lambda carry: carry, carry), None
 
     b, _, kv, g, d = q.shape
     zeros = jnp.zeros((b, kv, g, q.shape[1]), jnp.float32)
