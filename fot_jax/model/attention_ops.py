@@ -232,9 +232,10 @@ def attend_rotated(qs, ks, v, key_mask, q_pos, positions, choose, block: int = 5
       vis = _visible(mb, qp_c, i * kblock, kblock) & allowed[:, None, None]
 
       def update(carry):
-        s = scores(q_c[0], kb[0])
-        for r in range(1, qs.shape[0]):
-          s = jnp.where((choice == r)[:, None, None], scores(q_c[r], kb[r]), s)
+        s = jnp.zeros(shape + (kblock,), jnp.float32)
+        for r in range(qs.shape[0]):  # only the rotations some visible pair of this block uses
+          use = (choice == r)[:, None, None] & vis
+          s = jax.lax.cond(jnp.any(use), lambda s: jnp.where(use, scores(q_c[r], kb[r]), s), lambda s: s, s)
         return _online_update(carry, s, vis, vb, jnp.zeros(mb.shape, jnp.float32))
 
       return jax.lax.cond(jnp.any(vis), update, lambda carry: carry, carry), None
