@@ -224,3 +224,12 @@ def test_smollm2_study_config_fits_the_import():
     cfg = study.method_model_config(base, m)
     assert cfg.attention_impl == "blockwise", m["name"]
   assert max(c.lengths) > 8192 and len({m["name"] for m in c.methods}) == len(c.methods)
+
+
+def test_plain_width_rounds_up_by_at_most_a_sixteenth_of_the_octave():
+  assert study.plain_width(16390, 1024) == 18432  # not 32,768
+  assert study.plain_width(16384, 1024) == 16384 and study.plain_width(8198, 1024) == 9216
+  assert study.plain_width(100, 256) == 256 and study.plain_width(300, 256) == 512
+  for t in (1, 63, 65, 1000, 5000, 70000):
+    w = study.plain_width(t, 64)
+    assert t <= w <= max(64, t + t // 8 + 64) and w % 64 == 0
