@@ -84,7 +84,7 @@ def get_config():
   c.methods = frozen + finetuned(frozen)
   c.finetune = finetune_config(c.base.train)
   c.suites = ("ppl", "passkey", "niah", "rd")
-  c.pad = 64  # plain path: inputs padded to a power of two, at least this (one compile per width)
+  c.pad = 64  # plain path: inputs padded to a multiple of this (study.plain_width; one compile per width)
   c.ppl = ml_collections.ConfigDict({"score_tokens": 64, "n_docs": 8, "tolerance": 1.1})
   e = suite_lib.default_config()
   e.task, e.batch = "stdlib", 8
