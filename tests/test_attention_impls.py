@@ -255,7 +255,7 @@ def test_bf16_softmax_statistics_stay_float32():
                                 positive=positive)):
       assert {str(x.dtype) for x in part if x is not None} == {"float32"}, (impl, part)
   block = mem.MemoryBlock(ek, ev, emask, positive)
-  for part in (jax.eval_shape(lambda q: mem.dense_memory_partial(q, [block], 4), q),
+  for part in (jax.eval_shape(lambda q: ops.attend_memory(q, [block], 4), q),
                jax.eval_shape(lambda q: mem.topk_memory_partial(q, [block], 3, 4), q)):
     assert {str(x.dtype) for x in part if x is not None} == {"float32"}
 

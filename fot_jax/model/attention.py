@@ -108,7 +108,7 @@ class Attention(nn.Module):
       aux.update(rd)
     elif memory_layer and memory:
       if mem_mode == "dense":
-        extra = mem.dense_memory_partial(q, memory, mem_chunk)
+        extra = ops.attend_memory(q, memory, min(mem_chunk, block))
         if extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)
           aux.update(_rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0)))
       elif mem_mode == "topk":

@@ -25,13 +25,13 @@ With `q_pos` [B, T] the block is causal: query i sees key slot j iff j <= q_pos[
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from fot_jax.model.config import ATTENTION_IMPLS as IMPLS
-from fot_jax.model.memory import NEG, Partial, block_partial, scores
+from fot_jax.model.memory import NEG, MemoryBlock, Partial, block_partial, merge, scores
 
 _ALL = jnp.iinfo(jnp.int32).max  # q_pos of a fully visible (non-causal) block
 
@@ -60,11 +60,28 @@ def attend(q, k, v, key_mask, q_pos=None, positive=None, impl: str = "dense", bl
     qc = min(block, t)
     q, q_pos = _pad_to(q, 1, qc), _pad_to(q_pos, 1, qc, -1)  # padding queries see nothing
     out, lse, pos = _query_chunks(
-        lambda c: _blockwise(_chunk(q, c, qc), k, v, key_mask, _chunk(q_pos, c, qc), positive, kblock),
+        lambda c: _blockwise(_chunk(q, c, qc), k, v, key_mask, _chunk(q_pos, c, qc), positive, kblock,
+                             want_pos),
         t, qc)
   else:
-    out, lse, pos = _blockwise(q, k, v, key_mask, q_pos, positive, kblock)
+    out, lse, pos = _blockwise(q, k, v, key_mask, q_pos, positive, kblock, want_pos)
   return _normalised_partial(out, lse, pos if want_pos else None)
+
+
+def attend_memory(q, blocks: Sequence[MemoryBlock], block: int) -> Optional[Partial]:
+  """Dense attention over every live entry of memory `blocks`, streamed in key blocks of
+  `block` (`blockwise`, all queries see all live entries: a block with none is skipped, as
+  memory grows by doubling its capacity); `pos` set when some block marks positives (r_d)."""
+  b = q.shape[0]
+  grow = lambda x: jnp.broadcast_to(x, (b,) + x.shape[1:])  # memory shared by the batch (Bm = 1)
+  want_pos = any(x.positive is not None for x in blocks)
+  total = None
+  for x in blocks:
+    positive = None if not want_pos else grow(x.mask & False if x.positive is None else x.positive)
+    part = attend(q, grow(x.keys), grow(x.values), grow(x.mask), None, positive, "blockwise",
+                  min(block, x.keys.shape[1]))
+    total = part if total is None else merge(total, part)
+  return total
 
 
 def _normalised_partial(out, lse, pos=None) -> Partial:
@@ -109,30 +126,67 @@ def _visible(mask_b, q_pos, start, block):
   return mask_b[:, None, None, None, :] & (slots[None, None, None, None, :] <= q_pos[:, None, None, :, None])
 
 
-def _forward(q, k, v, key_mask, q_pos, positive, block):
+def _rows(q):
+  """q [..., B, T, KV, G, D] -> [..., B, KV, G*T, D] float32: the G query heads that share a
+  key head as one matrix, so a key block is one [G*T, D] x [D, block] matmul per key head
+  (on CPU several times faster than G small dots, and the same work on accelerators)."""
+  *lead, b, t, kv, g, d = q.shape
+  perm = tuple(range(len(lead))) + tuple(len(lead) + i for i in (0, 2, 3, 1, 4))
+  return jnp.transpose(q.astype(jnp.float32), perm).reshape(*lead, b, kv, g * t, d)
+
+
+def _split_heads(x, block):
+  """k/v [B, S, KV, D] -> [S/block, B, KV, block, D] float32 (dead zero keys pad the end)."""
+  return jnp.swapaxes(_split(x.astype(jnp.float32), block), 2, 3)
+
+
+def _block_case(mb, start, block, lo, hi):
+  """0: no query sees this key block (skip), 1: some do (mask it), 2: every query sees every
+  key (no mask): live keys and queries at positions lo..hi."""
+  seen = jnp.any(mb) & (start <= hi)
+  full = jnp.all(mb) & (start + block - 1 <= lo)
+  return jnp.where(full, 2, seen.astype(jnp.int32))
+
+
+def _forward(q, k, v, key_mask, q_pos, positive, block, want_pos):
   b, t, kv, g, d = q.shape
-  q32 = q.astype(jnp.float32)
-  shape = (b, kv, g, t)
+  rows = _rows(q)
+  lo, hi = jnp.min(q_pos), jnp.max(q_pos)
 
   def body(carry, xs):
     i, kb, vb, mb, pb = xs
-    vis = _visible(mb, q_pos, i * block, block)
-    update = lambda carry: _online_update(carry, scores(q32, kb), vis, vb, pb)
-    return jax.lax.cond(jnp.any(vis), update, lambda carry: carry, carry), None
 
-  blocks = (_split(k, block), _split(v, block), _split(key_mask, block), _split(positive, block))
-  return _stream(body, shape, d, blocks)
+    def update(masked, carry):
+      s = jnp.einsum("bkqd,bksd->bkqs", rows, kb)
+      vis = _visible(mb, q_pos, i * block, block) if masked else None
+      return _online_update(carry, s, vis, vb, pb if want_pos else None)
+
+    return jax.lax.switch(_block_case(mb, i * block, block, lo, hi),
+                          [lambda c: c, functools.partial(update, True), functools.partial(update, False)],
+                          carry), None
+
+  blocks = (_split_heads(k, block), _split_heads(v, block), _split(key_mask, block),
+            _split(positive, block))
+  out, lse, pos = _stream(body, (b, kv, g * t), d, blocks)
+  return out.reshape(b, kv, g, t, d), lse.reshape(b, kv, g, t), pos.reshape(b, kv, g, t)
 
 
 def _online_update(carry, s, vis, vb, pb):
-  """One key block into the running (max, sum, weighted values, positive mass)."""
+  """One key block into the running (max, sum, weighted values, positive mass); rows-major:
+  s [B, KV, G*T, block], vb [B, KV, block, D], vis None (all visible) or [B, 1, 1, T, block],
+  pb None (no positive mass wanted) or [B, block]."""
   m, l, acc, pos = carry
-  s = jnp.where(vis, s, NEG)
+  if vis is not None:
+    view = s.shape[:2] + (-1, vis.shape[3], s.shape[-1])  # [B, KV, G, T, block]
+    s = jnp.where(vis, s.reshape(view), NEG).reshape(s.shape)
   m_new = jnp.maximum(m, jnp.max(s, -1))
-  p = jnp.exp(s - m_new[..., None]) * vis
+  p = jnp.exp(s - m_new[..., None])
+  if vis is not None:  # a row with nothing visible yet has m_new = NEG: exp(0) must not count
+    p = jnp.where(vis, p.reshape(view), 0.0).reshape(s.shape)
   c = jnp.exp(m - m_new)
-  acc = acc * c[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p, vb.astype(jnp.float32))
-  pos = pos * c + jnp.sum(p * pb[:, None, None, None, :], -1)
+  acc = acc * c[..., None] + jnp.einsum("bkqs,bksd->bkqd", p, vb)
+  if pb is not None:
+    pos = pos * c + jnp.einsum("bkqs,bs->bkq", p, pb.astype(jnp.float32))
   return m_new, l * c + jnp.sum(p, -1), acc, pos
 
 
@@ -146,18 +200,19 @@ def _stream(body, shape, d, blocks):
   return acc / safe[..., None], m + jnp.log(safe), pos / safe
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _blockwise(q, k, v, key_mask, q_pos, positive, block):
-  """-> out [B, KV, G, T, D] float32 (normalised), lse [B, KV, G, T], positive fraction."""
-  return _forward(q, k, v, key_mask, q_pos, positive, block)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _blockwise(q, k, v, key_mask, q_pos, positive, block, want_pos):
+  """-> out [B, KV, G, T, D] float32 (normalised), lse [B, KV, G, T], positive fraction
+  (zeros unless `want_pos`)."""
+  return _forward(q, k, v, key_mask, q_pos, positive, block, want_pos)
 
 
-def _blockwise_fwd(q, k, v, key_mask, q_pos, positive, block):
-  out, lse, pos = _forward(q, k, v, key_mask, q_pos, positive, block)
+def _blockwise_fwd(q, k, v, key_mask, q_pos, positive, block, want_pos):
+  out, lse, pos = _forward(q, k, v, key_mask, q_pos, positive, block, want_pos)
   return (out, lse, pos), (q, k, v, key_mask, q_pos, positive, out, lse)
 
 
-def _blockwise_bwd(block, res, cts):
+def _blockwise_bwd(block, want_pos, res, cts):
   """Flash-attention backward: per block, p = exp(s - lse) is recomputed and
   ds = p * (dp - sum(dout * out) + dlse); the positive fraction is a metric (no gradient)."""
   q, k, v, key_mask, q_pos, positive, out, lse = res
@@ -213,18 +268,18 @@ def attend_rotated(qs, ks, v, key_mask, q_pos, positions, choose, block: int = 5
   and q_pos are applied here). Streams (query chunk, key block) pairs as `blockwise` does,
   skipping pairs nothing sees; differentiated by JAX (no custom VJP: inference is its use).
   """
-  t, d = qs.shape[2], qs.shape[-1]
+  r_n, b, t, kv, g, d = qs.shape
   qc, kblock = min(block, t), min(block, ks.shape[2])
-  shape = (qs.shape[1],) + qs.shape[3:5] + (qc,)
   qs_p = _pad_to(qs, 2, qc)
   q_pos_p = _pad_to(q_pos.astype(jnp.int32), 1, qc, -1)  # padding queries see nothing
   pos_p = _pad_to(positions.astype(jnp.int32), 1, qc)
-  split_rot = lambda x: jnp.moveaxis(jax.vmap(lambda r: _split(r, kblock))(x), 0, 1)  # [n, R, B, blk, ...]
-  blocks = (split_rot(ks), _split(v, kblock), _split(key_mask, kblock),
+  split_rot = lambda x: jnp.moveaxis(jax.vmap(lambda r: _split_heads(r, kblock))(x), 0, 1)  # [n, R, B, KV, blk, D]
+  blocks = (split_rot(ks), _split_heads(v, kblock), _split(key_mask, kblock),
             _split(positions.astype(jnp.int32), kblock))
+  view = (b, kv, g, qc, kblock)  # the rows-major scores [B, KV, G*qc, blk] seen per head group
 
   def one_chunk(c):
-    q_c, qp_c, pos_c = _chunk(qs_p, c, qc, axis=2), _chunk(q_pos_p, c, qc), _chunk(pos_p, c, qc)
+    rows, qp_c, pos_c = _rows(_chunk(qs_p, c, qc, axis=2)), _chunk(q_pos_p, c, qc), _chunk(pos_p, c, qc)
 
     def body(carry, xs):
       i, kb, vb, mb, kpos = xs
@@ -232,15 +287,18 @@ def attend_rotated(qs, ks, v, key_mask, q_pos, positions, choose, block: int = 5
       vis = _visible(mb, qp_c, i * kblock, kblock) & allowed[:, None, None]
 
       def update(carry):
-        s = jnp.zeros(shape + (kblock,), jnp.float32)
-        for r in range(qs.shape[0]):  # only the rotations some visible pair of this block uses
+        s = jnp.zeros(view, jnp.float32)
+        for r in range(r_n):  # only the rotations some visible pair of this block uses
           use = (choice == r)[:, None, None] & vis
-          s = jax.lax.cond(jnp.any(use), lambda s: jnp.where(use, scores(q_c[r], kb[r]), s), lambda s: s, s)
-        return _online_update(carry, s, vis, vb, jnp.zeros(mb.shape, jnp.float32))
+          score = lambda s, r=r, use=use: jnp.where(
+              use, jnp.einsum("bkqd,bksd->bkqs", rows[r], kb[r]).reshape(view), s)
+          s = jax.lax.cond(jnp.any(use), score, lambda s: s, s)
+        return _online_update(carry, s.reshape(b, kv, g * qc, kblock), vis, vb, None)
 
       return jax.lax.cond(jnp.any(vis), update, lambda carry: carry, carry), None
 
-    return _stream(body, shape, d, blocks)[:2]
+    out, lse, _ = _stream(body, (b, kv, g * qc), d, blocks)
+    return out.reshape(b, kv, g, qc, d), lse.reshape(b, kv, g, qc)
 
   out, lse = _query_chunks(one_chunk, t, qc)
   return _normalised_partial(out, lse)

@@ -93,32 +93,6 @@ def _chunks(block: MemoryBlock, chunk: int):
   return split(block.keys), split(block.values), split(block.mask), pos
 
 
-def dense_memory_partial(q, blocks: Sequence[MemoryBlock], chunk: int) -> Optional[Partial]:
-  """Softmax partial over all live memory entries, streamed in chunks; with `pos` (mass on
-  positive entries) when the blocks carry a positive mask."""
-  total = None
-  want_pos = any(block.positive is not None for block in blocks)
-  for block in blocks:
-    ks, vs, ms, ps = _chunks(block, min(chunk, block.keys.shape[1]))
-    if want_pos and ps is None:
-      ps = jnp.zeros_like(ms)
-
-    def body(carry, xs):
-      k, v, mk, pk = xs
-      positive = None if pk is None else pk[:, None, None, None, :]
-      add = lambda carry: merge(carry, block_partial(scores(q, k), mk[:, None, None, None, :], v, positive))
-      # a chunk with no live entry (memory grows by doubling its capacity) is skipped, not scored
-      return jax.lax.cond(jnp.any(mk), add, lambda carry: carry, carry), None
-
-    b, _, kv, g, d = q.shape
-    zeros = jnp.zeros((b, kv, g, q.shape[1]), jnp.float32)
-    init = Partial(jnp.full((b, kv, g, q.shape[1]), NEG, jnp.float32), zeros,
-                   jnp.zeros((b, kv, g, q.shape[1], d), jnp.float32), zeros if want_pos else None)
-    part, _ = jax.lax.scan(body, init, (ks, vs, ms, ps))
-    total = part if total is None else merge(total, part)
-  return total
-
-
 def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int,
                         recall: Optional[float] = None) -> Optional[Partial]:
   """Top-k per query and kv-head group over all blocks (inner product): exact, or with
