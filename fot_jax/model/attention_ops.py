@@ -217,40 +217,46 @@ def _blockwise_bwd(block, want_pos, res, cts):
   ds = p * (dp - sum(dout * out) + dlse); the positive fraction is a metric (no gradient)."""
   q, k, v, key_mask, q_pos, positive, out, lse = res
   dout, dlse, _ = cts
+  b, t, kv, g, d = q.shape
   # Queries that see no key take no part (their cotangents can be inf/NaN from the
   # division by an empty sum downstream, and 0 * inf would leak into the keys).
   live = lse > NEG / 2
   dout, dlse = jnp.where(live[..., None], dout, 0.0), jnp.where(live, dlse, 0.0)
-  q32 = q.astype(jnp.float32)
-  delta = jnp.sum(dout * out, -1) - dlse  # [B, KV, G, T]
+  delta = (jnp.sum(dout * out, -1) - dlse).reshape(b, kv, g * t)  # rows-major, as the forward
+  dout, lse = dout.reshape(b, kv, g * t, d), lse.reshape(b, kv, g * t)
+  rows = _rows(q)
+  lo, hi = jnp.min(q_pos), jnp.max(q_pos)
 
   def body(dq, xs):
     i, kb, vb, mb = xs
-    vis = _visible(mb, q_pos, i * block, block)
 
-    def grads(dq):
-      s = jnp.where(vis, scores(q32, kb), NEG)
-      p = jnp.exp(s - lse[..., None]) * vis
-      dv = jnp.einsum("bkgts,bkgtd->bskd", p, dout)
-      dp = jnp.einsum("bkgtd,bskd->bkgts", dout, vb.astype(jnp.float32))
-      ds = p * (dp - delta[..., None])
-      dq = dq + jnp.einsum("bkgts,bskd->btkgd", ds, kb.astype(jnp.float32))
-      dk = jnp.einsum("bkgts,btkgd->bskd", ds, q32)
-      return dq, (dk, dv)
+    def grads(masked, dq):
+      s = jnp.einsum("bkqd,bksd->bkqs", rows, kb)
+      p = jnp.exp(s - lse[..., None])
+      if masked:
+        vis = _visible(mb, q_pos, i * block, block)
+        p = jnp.where(vis, p.reshape(b, kv, g, t, block), 0.0).reshape(s.shape)
+      dv = jnp.einsum("bkqs,bkqd->bksd", p, dout)
+      ds = p * (jnp.einsum("bkqd,bksd->bkqs", dout, vb) - delta[..., None])
+      dk = jnp.einsum("bkqs,bkqd->bksd", ds, rows)
+      return dq + jnp.einsum("bkqs,bksd->bkqd", ds, kb), (dk, dv)
 
     zero = jnp.zeros(kb.shape, jnp.float32)
-    return jax.lax.cond(jnp.any(vis), grads, lambda dq: (dq, (zero, zero)), dq)
+    return jax.lax.switch(_block_case(mb, i * block, block, lo, hi),
+                          [lambda dq: (dq, (zero, zero)), functools.partial(grads, True),
+                           functools.partial(grads, False)], dq)
 
-  kb, vb, mb = _split(k, block), _split(v, block), _split(key_mask, block)
+  kb, vb = _split_heads(k, block), _split_heads(v, block)
   n = kb.shape[0]
-  dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(q.shape, jnp.float32),
-                              (jnp.arange(n, dtype=jnp.int32), kb, vb, mb))
+  dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(rows.shape, jnp.float32),
+                              (jnp.arange(n, dtype=jnp.int32), kb, vb, _split(key_mask, block)))
   s = k.shape[1]
 
-  def unsplit(x):  # [S/block, B, block, KV, D] -> [B, S, KV, D]
-    x = jnp.moveaxis(x, 0, 1)
+  def unsplit(x):  # [S/block, B, KV, block, D] -> [B, S, KV, D]
+    x = jnp.moveaxis(jnp.swapaxes(x, 2, 3), 0, 1)
     return x.reshape((x.shape[0], -1) + x.shape[3:])[:, :s]
 
+  dq = jnp.transpose(dq.reshape(b, kv, g, t, d), (0, 3, 1, 2, 4))
   return (dq.astype(q.dtype), unsplit(dk).astype(k.dtype), unsplit(dv).astype(v.dtype),
           None, None, None)
 

@@ -168,20 +168,20 @@ def attend(q, k, v, key_mask, *, causal: bool, positive=None, strategy: str = "r
   row = P(batch, heads, None, AXIS)
   out_specs = Partial(row, row, row, row)
   body = functools.partial(_local, causal=causal, strategy=strategy, layout=layout, n=n, impl=impl,
-                           block=block, extra=extra)
+                           block=block, extra=extra, want_pos=want_pos)
   part = jax.shard_map(body, mesh=mesh, in_specs=(P(batch, AXIS, heads), kspec, kspec, mspec, mspec),
                        out_specs=out_specs, check_vma=False)(q, k, v, key_mask, positive)
   return part._replace(pos=jax.lax.stop_gradient(part.pos) if want_pos else None)
 
 
-def _local(q, k, v, mask, positive, *, causal, strategy, layout, n, impl, block, extra):
+def _local(q, k, v, mask, positive, *, causal, strategy, layout, n, impl, block, extra, want_pos):
   """One device's shard: q [b, c, kv, g, d]; k/v [b, c, kv, d] or [b, N, c, kv, d]."""
   if extra:  # each device holds a slice of every extra context: all fully visible
     b, m, c = mask.shape
     k, v = (x.reshape((b, m * c) + x.shape[3:]) for x in (k, v))
     mask, positive = mask.reshape(b, m * c), positive.reshape(b, m * c)
   if strategy == "ring":
-    out, lse, pos = _ring(q, k, v, mask, positive, causal, layout, n, block)
+    out, lse, pos = _ring(q, k, v, mask, positive, causal, layout, n, block, want_pos)
   elif strategy == "allgather":
     out, lse, pos = _allgather(q, k, v, mask, positive, causal, layout, n, impl, block)
   else:
@@ -255,7 +255,7 @@ def _empty(shape, d):
   return Partial(z + NEG, z, jnp.zeros(shape + (d,), jnp.float32), z)
 
 
-def _forward_step(q, chunk, me, src, causal, layout, n, block, parts):
+def _forward_step(q, chunk, me, src, causal, layout, n, block, want_pos, parts):
   """Merges the partials of this device's queries against one chunk (that started on `src`)."""
   b, c, kvh, g, d = q.shape
   kc, vc, mc, pc = chunk
@@ -270,7 +270,7 @@ def _forward_step(q, chunk, me, src, causal, layout, n, block, parts):
 
     def compute(qx=qx, sl=sl, q_rel=q_rel):
       out, lse, pos = ops._forward(qx, kc[:, sl], vc[:, sl], mc[:, sl], q_rel, pc[:, sl],
-                                   min(block, sl.stop - sl.start))
+                                   min(block, sl.stop - sl.start), want_pos)
       live = (lse > NEG / 2).astype(jnp.float32)
       return Partial(lse, live, out * live[..., None], pos * live)
 
@@ -278,7 +278,7 @@ def _forward_step(q, chunk, me, src, causal, layout, n, block, parts):
   return parts
 
 
-def _ring_forward(q, k, v, mask, positive, causal, layout, n, block, me=None, chunks=None):
+def _ring_forward(q, k, v, mask, positive, causal, layout, n, block, want_pos=True, me=None, chunks=None):
   """-> (out [b, kv, g, c, d], lse, positive fraction) of the local queries against every
   device's chunk. With a static `me` and `chunks` (every device's (k, v, mask, positive))
   it is one device's work with no collectives, unrolled: what a benchmark compiles to see
@@ -288,27 +288,28 @@ def _ring_forward(q, k, v, mask, positive, causal, layout, n, block, me=None, ch
   parts = [_empty((b, kvh, g, r[1]), d) for r in runs]
   if chunks is not None:
     for step in range(n):
-      parts = _forward_step(q, chunks[(me - step) % n], me, (me - step) % n, causal, layout, n, block, parts)
+      parts = _forward_step(q, chunks[(me - step) % n], me, (me - step) % n, causal, layout, n, block,
+                            want_pos, parts)
   else:
     me = jax.lax.axis_index(AXIS)
     step_fn = lambda parts, cur, step: (_forward_step(q, cur[0], me, (me - step) % n, causal, layout, n, block,
-                                                      parts), ())
+                                                      want_pos, parts), ())
     parts, _ = _ring_loop(step_fn, parts, ((k, v, mask, positive),), n, lambda t: t)
   outs = [_normalised(p) for p in parts]
   return tuple(jnp.concatenate([o[j] for o in outs], axis=3) for j in range(3))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _ring(q, k, v, mask, positive, causal, layout, n, block):
-  return _ring_forward(q, k, v, mask, positive, causal, layout, n, block)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _ring(q, k, v, mask, positive, causal, layout, n, block, want_pos):
+  return _ring_forward(q, k, v, mask, positive, causal, layout, n, block, want_pos)
 
 
-def _ring_fwd(q, k, v, mask, positive, causal, layout, n, block):
-  out, lse, pos = _ring_forward(q, k, v, mask, positive, causal, layout, n, block)
+def _ring_fwd(q, k, v, mask, positive, causal, layout, n, block, want_pos):
+  out, lse, pos = _ring_forward(q, k, v, mask, positive, causal, layout, n, block, want_pos)
   return (out, lse, pos), (q, k, v, mask, out, lse)
 
 
-def _ring_bwd(causal, layout, n, block, res, cts):
+def _ring_bwd(causal, layout, n, block, want_pos, res, cts):
   """Queries stay and collect dq; each key/value chunk travels with its float32 dk/dv
   accumulators, and one more hop after the last step brings them home."""
   q, k, v, mask, out, lse = res
@@ -332,7 +333,7 @@ def _ring_bwd(causal, layout, n, block, res, cts):
       def compute(qs=qs, sl=sl, q_rel=q_rel):
         res_pair = (q32[:, qs], kc[:, sl].astype(jnp.float32), vc[:, sl].astype(jnp.float32), mc[:, sl],
                     q_rel, None, out[:, :, :, qs], lse[:, :, :, qs])
-        return ops._blockwise_bwd(min(block, sl.stop - sl.start), res_pair,
+        return ops._blockwise_bwd(min(block, sl.stop - sl.start), False, res_pair,
                                   (dout[:, :, :, qs], dlse[:, :, :, qs], None))[:3]
 
       def skip(ql=qr[1], kl=kr[1]):
