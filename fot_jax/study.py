@@ -19,7 +19,9 @@ Every method gets the same evaluation (the suites of fot_jax/eval, run on the me
              their effective length (fot_jax/eval/effective_length.py);
   * rd:      positive attention mass, for methods with memory layers.
 Results: W/methods/<name>.json per method (a finished method is skipped on a rerun with the same
-spec), then W/study.json, W/study.md (one table) and figures W/study_*.png.
+spec and settings; W/methods/<name>.partial.json holds its suites finished so far, so a stopped run
+resumes at the next suite, and adding a suite to `suites` runs only that suite), then
+W/study.json, W/study.md (one table) and figures W/study_*.png.
 The base is `base.checkpoint`, or trained first into W/base by `fot_jax.runs.run_lm` from
 `base.train` (an LM experiment config; skipped when W/base already holds the finished run).
 """
@@ -326,14 +328,24 @@ def perplexity_vs_length(ctx, lengths: List[int], score_tokens: int, n_docs: int
   return out
 
 
-def evaluate_method(base, method: Dict, config, params=None) -> Dict:
+def evaluate_method(base, method: Dict, config, params=None, done=None, save=None) -> Dict:
   """All suites of the study for one method (with `params`, e.g. fine-tuned, instead of the
-  base's) -> its result dict."""
+  base's) -> its result dict. `done`: an earlier result of the same method and settings whose
+  suites are kept (only the missing ones run); `save(res)` is called after every suite, so an
+  interrupted method resumes at its next suite."""
   from fot_jax.eval import suite as suite_lib
   from fot_jax.eval.effective_length import effective_length
   ctx = _method_context(base, method, int(config.pad), params)
-  res = {"method": _spec(method), "settings": settings(config, method), "seconds": {}}
+  res = {"method": _spec(method), "settings": settings(config, method), "seconds": {}, "suites_done": []}
+  for suite in (done or {}).get("suites_done", []):
+    if suite in config.suites:
+      res["suites_done"].append(suite)
+      if suite in done:
+        res[suite], res["seconds"][suite] = done[suite], done["seconds"][suite]
   for suite in config.suites:
+    if suite in res["suites_done"]:
+      print(f"[{ctx.name}] {suite}: done before, kept", flush=True)
+      continue
     t0 = time.time()
     if suite == "ppl":
       r = perplexity_vs_length(ctx, list(config.lengths), int(config.ppl.score_tokens), int(config.ppl.n_docs),
@@ -346,14 +358,25 @@ def evaluate_method(base, method: Dict, config, params=None) -> Dict:
     elif suite == "niah":
       r = suite_lib.run_niah(ctx)
     elif suite == "rd":
-      if not (ctx.inference_path == "memory" and ctx.cfg.mem_layers):
-        continue  # r_d measures memory attention: only for methods that read memory
-      r = suite_lib.run_rd(ctx)
+      r = None  # r_d measures memory attention: only for methods that read memory
+      if ctx.inference_path == "memory" and ctx.cfg.mem_layers:
+        r = suite_lib.run_rd(ctx)
     else:
       raise ValueError(f"study: unknown suite {suite!r}; known: {SUITES}")
-    res[suite] = r
-    res["seconds"][suite] = time.time() - t0
+    if r is not None:
+      res[suite] = r
+      res["seconds"][suite] = time.time() - t0
+    res["suites_done"].append(suite)
+    if save is not None:
+      save(res)
   return res
+
+
+def same_settings(a: Dict, b: Dict) -> bool:
+  """Two methods' settings equal but for the list of suites (a suite's result stays valid when
+  others are added or dropped)."""
+  strip = lambda x: {k: v for k, v in (x or {}).items() if k != "suites"}
+  return strip(a) == strip(b)
 
 
 def settings(config, method=None) -> Dict:
@@ -425,24 +448,40 @@ def run(config, workdir: str) -> Dict:
   for i, m in enumerate(config.methods):
     name = m["name"]
     out = os.path.join(workdir, "methods", f"{name}.json")
-    if os.path.exists(out):
-      with open(out) as f:
-        prev = json.load(f)
-      if prev.get("method") == _spec(m) and prev.get("settings") == settings(config, m):
-        print(f"[study] method {i + 1}/{len(names)} {name}: done before ({out}), skipped", flush=True)
-        results[name] = prev
-        continue
-      print(f"[study] method {name}: its spec or the study's settings changed since {out} was written; "
-            "evaluating again", flush=True)
-    print(f"[study] method {i + 1}/{len(names)} {name}: {_describe(m)}", flush=True)
+    partial = os.path.join(workdir, "methods", f"{name}.partial.json")  # the suites finished so far
+    prev = None
+    for path in (out, partial):
+      if prev is None and os.path.exists(path):
+        with open(path) as f:
+          prev = json.load(f)
+        prev.setdefault("suites_done", [k for k in SUITES if k in prev])  # files written before suites_done
+        if prev.get("method") != _spec(m) or not same_settings(prev.get("settings"), settings(config, m)):
+          print(f"[study] method {name}: its spec or the study's settings changed since {path} was written; "
+                "evaluating again", flush=True)
+          prev = None
+    todo = [x for x in config.suites if x not in (prev or {}).get("suites_done", [])]
+    if prev is not None and not todo:
+      print(f"[study] method {i + 1}/{len(names)} {name}: done before ({out}), skipped", flush=True)
+      results[name] = dict(prev, settings=settings(config, m))
+      continue
+    print(f"[study] method {i + 1}/{len(names)} {name}: {_describe(m)}"
+          + (f"; suites {todo} (the others done before)" if prev else ""), flush=True)
     t0 = time.time()
+    wall_before = (prev or {}).get("wall_seconds", 0.0)
+
+    def save(res, path=partial, t0=t0, wall_before=wall_before):
+      with open(path, "w") as f:
+        json.dump(dict(res, wall_seconds=wall_before + time.time() - t0), f, indent=1)
+
     params, ft = finetune_method(base, m, config, workdir) if m.get("finetune") else (None, None)
-    res = evaluate_method(base, m, config, params)
+    res = evaluate_method(base, m, config, params, done=prev, save=save)
     if ft is not None:
       res["finetune"] = ft
-    res["wall_seconds"] = time.time() - t0  # fine-tune (this session's part) and evaluation
+    res["wall_seconds"] = wall_before + time.time() - t0  # fine-tune (this session's part) and evaluation
     with open(out, "w") as f:
       json.dump(res, f, indent=1)
+    if os.path.exists(partial):
+      os.remove(partial)
     results[name] = res
     spent.append(res["wall_seconds"])
     left = sum(1 for mm in config.methods[i + 1:]

@@ -1,5 +1,6 @@
 """The controlled-study runner (fot_jax/study.py) on a tiny random checkpoint: every method gets the
-same suites, the table and figures are written, a rerun skips finished methods; a method's overrides
+same suites, the table and figures are written, a rerun skips finished methods and resumes a
+stopped one at its next suite; a method's overrides
 reach the model (checked against a direct forward of the overridden ModelConfig)."""
 import dataclasses
 import json
@@ -80,6 +81,22 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   assert "none: done before" in log and "pi: its spec or the study's settings changed" in log
   assert again["methods"]["none"] == methods["none"]
   assert again["methods"]["pi"]["method"]["overrides"]["rope_scaling"]["factor"] == 2.0
+  # a run stopped after a method's ppl suite resumes at its next suite, keeping what it had
+  done = os.path.join(work, "methods", "fot_memory.json")
+  with open(done) as f:
+    full = json.load(f)
+  stopped = {k: v for k, v in full.items() if k not in ("niah", "rd")}
+  stopped["suites_done"], stopped["seconds"] = ["ppl"], {"ppl": full["seconds"]["ppl"]}
+  os.remove(done)
+  with open(os.path.join(work, "methods", "fot_memory.partial.json"), "w") as f:
+    json.dump(stopped, f)
+  resumed = study.run(c, work)["methods"]["fot_memory"]
+  log = capsys.readouterr().out
+  assert "fot_memory: memory path" in log and "suites ['niah', 'rd'] (the others done before)" in log
+  assert "[fot_memory] ppl: done before, kept" in log and "[fot_memory] ppl: length" not in log
+  assert resumed["ppl"] == full["ppl"] and resumed["rd"]["r_d"] == full["rd"]["r_d"]
+  assert resumed["niah"]["single"]["accuracy"] == full["niah"]["single"]["accuracy"]
+  assert os.path.exists(done) and not os.path.exists(done.replace(".json", ".partial.json"))
 
 
 def test_method_overrides_reach_the_model(tiny):
