@@ -137,7 +137,8 @@ def balance(a, jax, jnp, np):
       def device_work(q, k, v, me=me):
         chunks = [(k[:, p * c:(p + 1) * c], v[:, p * c:(p + 1) * c], jnp.ones((b, c), bool),
                    jnp.zeros((b, c), bool)) for p in range(n)]
-        return cp._ring_forward(q, None, None, None, None, True, layout, n, c, me=me, chunks=chunks)[0]
+        return cp._ring_forward(q, None, None, None, None, True, layout, n, c, want_pos=True,  # as measured
+                                me=me, chunks=chunks)[0]
       args = (jax.ShapeDtypeStruct((b, c, kv, g, d), jnp.float32),
               jax.ShapeDtypeStruct((b, t, kv, d), jnp.float32), jax.ShapeDtypeStruct((b, t, kv, d), jnp.float32))
       cost = jax.jit(device_work).lower(*args).compile().cost_analysis()

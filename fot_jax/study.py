@@ -454,7 +454,8 @@ def run(config, workdir: str) -> Dict:
       if prev is None and os.path.exists(path):
         with open(path) as f:
           prev = json.load(f)
-        prev.setdefault("suites_done", [k for k in SUITES if k in prev])  # files written before suites_done
+        # a file from before suites_done was written once all of its settings' suites had run
+        prev.setdefault("suites_done", list(prev.get("settings", {}).get("suites", [])))
         if prev.get("method") != _spec(m) or not same_settings(prev.get("settings"), settings(config, m)):
           print(f"[study] method {name}: its spec or the study's settings changed since {path} was written; "
                 "evaluating again", flush=True)

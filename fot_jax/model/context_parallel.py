@@ -278,7 +278,7 @@ def _forward_step(q, chunk, me, src, causal, layout, n, block, want_pos, parts):
   return parts
 
 
-def _ring_forward(q, k, v, mask, positive, causal, layout, n, block, want_pos=True, me=None, chunks=None):
+def _ring_forward(q, k, v, mask, positive, causal, layout, n, block, want_pos, me=None, chunks=None):
   """-> (out [b, kv, g, c, d], lse, positive fraction) of the local queries against every
   device's chunk. With a static `me` and `chunks` (every device's (k, v, mask, positive))
   it is one device's work with no collectives, unrolled: what a benchmark compiles to see
