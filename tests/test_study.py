@@ -97,6 +97,15 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   assert resumed["ppl"] == full["ppl"] and resumed["rd"]["r_d"] == full["rd"]["r_d"]
   assert resumed["niah"]["single"]["accuracy"] == full["niah"]["single"]["accuracy"]
   assert os.path.exists(done) and not os.path.exists(done.replace(".json", ".partial.json"))
+  # a file written before suites_done (a plain method: no rd key) counts as done with its suites
+  plain = os.path.join(work, "methods", "none.json")
+  with open(plain) as f:
+    old = json.load(f)
+  del old["suites_done"]
+  with open(plain, "w") as f:
+    json.dump(old, f)
+  study.run(c, work)
+  assert "none: done before" in capsys.readouterr().out
 
 
 def test_method_overrides_reach_the_model(tiny):
