@@ -35,6 +35,10 @@ def base_config():
       # (data_pipelines.copy_task.RepeatedWindows), e.g.
       # {"stdlib_repeat": {"task": "stdlib", "fraction": 1.0, "score_first": False}}.
       "repeats": ml_collections.ConfigDict({}),
+      # Retrieval documents: curriculum task names for synthetic fact/question documents in the
+      # run's tokenizer (data_pipelines.retrieval_docs.RetrievalSpec fields), e.g.
+      # {"near": {"doc_windows": 2, "facts": (1, 2), "text_task": "stdlib", "text_slots": 0.25}}.
+      "retrieval": ml_collections.ConfigDict({}),
   })
   c.optim = ml_collections.ConfigDict({
       "lr": 1e-3, "warmup_steps": 20, "schedule": "cosine", "total_steps": 1000,

@@ -77,6 +77,18 @@ def repeat_view(config, task):
           "score_first": bool(v.get("score_first", True))}
 
 
+def retrieval_view(config, task):
+  """The retrieval documents a curriculum task names (`c.data.retrieval[task]`, fields of
+  data_pipelines.retrieval_docs.RetrievalSpec), None for any other task."""
+  from data_pipelines.retrieval_docs import RetrievalSpec
+  views = config.data.get("retrieval") or {}
+  if task is None or task not in views:
+    return None
+  spec = RetrievalSpec.from_dict(_plain(views[task]), f"data.retrieval.{task}")
+  spec.validate(f"data.retrieval.{task}", int(config.data.windows_per_slot))
+  return spec
+
+
 def validate(config, check_data: bool = True) -> None:
   """Checks an experiment config; raises ValueError naming the bad field.
 
@@ -167,8 +179,9 @@ def validate_lm(config, check_data: bool = True) -> None:
       tasks.get_provider(d[name])
     for task in Schedule(t.curriculum).tasks():  # a curriculum over tasks names SeqIO tasks
       if task is not None and task != warmup_task_name(config):
-        view = repeat_view(config, task)
-        tasks.get_provider(view["task"] if view else task)
+        view, retrieval = repeat_view(config, task), retrieval_view(config, task)
+        if retrieval is None or retrieval.text_task:
+          tasks.get_provider(retrieval.text_task if retrieval else view["task"] if view else task)
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
   for field in ("slots", "windows_per_slot", "window"):

@@ -10,6 +10,7 @@ import numpy as np
 
 from data_pipelines.copy_task import CopyBatches, CopyTask, RepeatedWindows
 from data_pipelines.dictionary_lookup import DictionaryBatches
+from data_pipelines.retrieval_docs import RetrievalBatches
 from fot_jax import configs
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import dictionary, perplexity
@@ -284,12 +285,32 @@ def lm_feed(config, task, arm: str):
   from data_pipelines import pipeline
   if task is not None and task == configs.warmup_task_name(config):
     return lm_copy_warmup(config, arm)
+  retrieval = configs.retrieval_view(config, task)
+  if retrieval is not None:
+    return retrieval_batches(config, retrieval)
   view = configs.repeat_view(config, task)
   if view is None:
     return pipeline.lm_batches_from_config(config, task=task)
   return RepeatedWindows(pipeline.lm_batches_from_config(config, task=view["task"]),
                          int(config.data.windows_per_slot), view["fraction"], int(config.seed),
                          view["score_first"])
+
+
+def retrieval_batches(config, spec) -> RetrievalBatches:
+  """Retrieval documents in this host's slots, a `text_slots` share of them natural text."""
+  from data_pipelines import pipeline, vocab as vocab_lib
+  d = config.data
+  vocab = vocab_lib.get_vocabulary(d.vocab)
+  slots = pipeline.host_slots(int(d.slots))
+  n_text = int(spec.text_slots * slots)
+  text = None
+  if n_text:
+    text = pipeline.lm_batches(spec.text_task, vocab, slots=n_text, windows=int(d.windows_per_slot),
+                               window=int(d.window), seed=int(config.seed),
+                               min_doc_len=int(d.get("min_doc_len", 1)), max_doc_len=int(d.get("max_doc_len", 0)))
+    text.check_nonempty()
+  return RetrievalBatches(spec, vocab, slots=slots, windows=int(d.windows_per_slot), window=int(d.window),
+                          seed=int(config.seed), text_batches=text)
 
 
 def run_lm(config, workdir: str, train: bool = True) -> dict:

@@ -1,0 +1,307 @@
+"""Retrieval training documents for pretrained models: facts stated under keys, asked for
+windows later, among filler and other facts (the `c.data.retrieval` curriculum tasks).
+
+A batch gives each retrieval slot `windows` windows of `window` tokens filled exactly with
+documents of `doc_windows` windows each (bos, haystack with facts, then a block of questions
+whose answers are the facts' values). Only the answer values are scored (and counted by the
+`accuracy` metric), so every scored token has to be read back from a fact, most of them from a
+window the question no longer sees (memory: crossbatch positives in training).
+
+What the model may learn from, and what it must not (docs/retrieval.md):
+* Keys are distinct across the whole batch: another slot's document (a crossbatch negative)
+  never states a fact under a key of this slot's documents, so a negative never contradicts
+  the positive; it only distracts.
+* Several statement templates and question forms per fact, some questions paraphrasing the
+  statement (the answer has to be found by its key, not by repeating the sentence).
+* Haystacks: a short cycle of sentences repeated (near-identical distractors, as passkey
+  filler is), varied generated prose, or other facts under other keys (the multi-key case).
+* No evaluation template: the phrases of `fot_jax.eval` prompts (passkey, NIAH, the RULER-style
+  suite) never occur here (tests/test_retrieval_docs.py checks generated documents).
+* A `text_slots` share of the slots is natural text from an LM task (the slot batcher, resumable),
+  scored on its last `text_scored_windows` windows only, so the language is kept.
+
+Batch n is a pure function of (seed, n) for the retrieval slots; the text slots' state is the
+slot batcher's.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+ADJECTIVES = ("amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly",
+              "keen", "lunar", "mellow", "narrow", "olive", "plain", "quiet", "rapid", "silver", "tidy",
+              "upper", "vivid", "woven", "young", "zesty", "bold", "crisp", "dense", "early", "fuzzy",
+              "grand", "humble", "ivory", "jagged", "kind", "lofty", "misty", "noble", "odd", "proud")
+NOUNS = ("falcon", "harbor", "lantern", "meadow", "orchid", "pebble", "quarry", "ribbon", "saddle", "tunnel",
+         "violin", "walnut", "anchor", "beacon", "canyon", "dolphin", "ember", "fjord", "glacier", "hazel",
+         "island", "jasmine", "kettle", "lagoon", "magnet", "nectar", "otter", "parrot", "quill", "raven",
+         "summit", "thistle", "umbra", "velvet", "willow", "yarrow", "zephyr", "badger", "cobalt", "domino")
+FIRST_NAMES = ("Ada", "Bruno", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas",
+               "Keiko", "Lars", "Mira", "Nikolai", "Olga", "Pablo", "Quinn", "Rosa", "Stefan", "Tala")
+LAST_NAMES = ("Abbott", "Bianchi", "Costa", "Dubois", "Eriksen", "Fischer", "Garcia", "Horvat", "Ito", "Jensen",
+              "Kowalski", "Lindqvist", "Moreau", "Novak", "Okafor", "Petrov", "Rossi", "Sato", "Torres", "Weber")
+KINDS = ("access code", "badge number", "room number", "order number", "account id", "tracking number",
+         "seat number", "batch id", "voucher code", "shelf number")
+KEY_KINDS = ("word", "name", "number", "hex")
+
+# (statement, questions): {key}, {kind}, {value}. A question ends where the value follows.
+TEMPLATES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("Note: {key} has the {kind} {value}.",
+     ("Which {kind} does {key} have? {key} has the {kind}", "{key}: {kind}?")),
+    ("Remember that the {kind} of {key} equals {value}.",
+     ("What does the {kind} of {key} equal? It equals", "Q: the {kind} of {key}? A:")),
+    ("{key}'s {kind} was set to {value} today.",
+     ("To what was {key}'s {kind} set? It was set to", "Give the {kind} of {key}:")),
+    ("In the records, {key} is listed with {kind} {value}.",
+     ("How is {key} listed? {key} is listed with {kind}", "{kind} listed for {key} =")),
+    ("The {kind} assigned to {key} reads {value}.",
+     ("What does the {kind} assigned to {key} read? It reads", "Look up {key}. Its {kind}:")),
+    ("Write down {value} as the {kind} for {key}.",
+     ("What was written down as the {kind} for {key}? Written down:", "{key} -> {kind}:")),
+    ("Fact: {kind}({key}) = {value}.",
+     ("Fact: {kind}({key}) =", "Query {kind} for {key}. Result:")),
+    ("Record: {key} | {kind} | {value}.",
+     ("Record: {key} | {kind} |", "Find the record of {key}; its {kind} is")),
+)
+
+# Filler: short sentences; a 'repeat' haystack cycles a few of them (many near-identical
+# "X is Y" sentences around the facts), a 'prose' haystack draws sentences from the grammar.
+FILLER_SENTENCES = ("The river is wide.", "The hills are quiet.", "A cart rolls by.", "The bread is warm.",
+                    "Rain falls on the roof.", "The lamp is lit.", "Two boats drift south.", "The door is open.",
+                    "A dog sleeps in the sun.", "The tea is hot.", "Snow covers the field.", "The bell is loud.")
+SUBJECTS = ("the old miller", "a tired courier", "the council", "my neighbour", "the harbour master",
+            "a young painter", "the night guard", "our teacher", "the baker", "a travelling merchant")
+VERBS = ("walked to", "wrote about", "looked at", "talked about", "repaired", "visited", "described",
+         "painted", "forgot about", "cleaned")
+OBJECTS = ("the stone bridge", "a broken wheel", "the northern road", "an empty barn", "the village well",
+           "a letter from home", "the market square", "a wooden chest", "the west tower", "the orchard")
+ENDINGS = ("before noon", "in the evening", "after the storm", "with great care", "once again",
+           "without a word", "for an hour", "during the festival", "at first light", "last winter")
+HAYSTACKS = ("repeat", "prose", "facts")
+
+
+def make_key(kind: str, rng: np.random.Generator) -> str:
+  if kind == "word":
+    return f"{ADJECTIVES[rng.integers(len(ADJECTIVES))]}-{NOUNS[rng.integers(len(NOUNS))]}"
+  if kind == "name":
+    initial = chr(ord("A") + int(rng.integers(26)))
+    return f"{FIRST_NAMES[rng.integers(len(FIRST_NAMES))]} {initial}. {LAST_NAMES[rng.integers(len(LAST_NAMES))]}"
+  if kind == "number":
+    return f"unit {int(rng.integers(1000, 10000))}"
+  if kind == "hex":
+    return "".join(rng.choice(list("0123456789abcdef"), 8))
+  raise ValueError(f"retrieval: unknown key kind {kind!r}; known: {KEY_KINDS}")
+
+
+def make_value(rng: np.random.Generator) -> str:
+  return str(int(rng.integers(10 ** int(rng.integers(4, 7)), 10 ** 7)))  # 5 to 7 digits
+
+
+class KeyPool:
+  """Keys drawn without repetition for one batch: no two documents of a batch share a key."""
+
+  def __init__(self, rng: np.random.Generator):
+    self.rng, self.used = rng, set()
+
+  def draw(self, kind: str) -> str:
+    for _ in range(1000):
+      key = make_key(kind, self.rng)
+      if key not in self.used:
+        self.used.add(key)
+        return key
+    raise ValueError(f"retrieval: the {kind!r} key space is exhausted for one batch; use fewer facts")
+
+
+def prose_sentence(rng: np.random.Generator) -> str:
+  parts = [SUBJECTS[rng.integers(len(SUBJECTS))], VERBS[rng.integers(len(VERBS))],
+           OBJECTS[rng.integers(len(OBJECTS))], ENDINGS[rng.integers(len(ENDINGS))]]
+  return parts[0][0].upper() + " ".join(parts)[1:] + "."
+
+
+@dataclasses.dataclass
+class RetrievalSpec:
+  """One curriculum task's documents. facts/queries: (min, max) per document."""
+  doc_windows: int = 2  # windows per document; divides the slot's windows
+  facts: Tuple[int, int] = (1, 4)
+  queries: Tuple[int, int] = (1, 2)
+  memory_fraction: float = 0.9  # share of asked facts placed before the question's window
+  haystacks: Tuple[str, ...] = HAYSTACKS
+  text_task: str = ""  # LM task of the natural-text slots ('' = none)
+  text_slots: float = 0.0  # share of the slots (rounded down) holding natural text
+  text_scored_windows: int = 1
+
+  @classmethod
+  def from_dict(cls, d: dict, where: str = "data.retrieval") -> "RetrievalSpec":
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {[f.name for f in dataclasses.fields(cls)]}")
+    d = dict(d)
+    for f in ("facts", "queries", "haystacks"):
+      if f in d:
+        d[f] = tuple(d[f])
+    spec = cls(**d)
+    spec.validate(where)
+    return spec
+
+  def validate(self, where: str = "data.retrieval", windows: Optional[int] = None):
+    if self.doc_windows < 2:
+      raise ValueError(f"{where}.doc_windows: a document needs at least 2 windows (facts, then questions), "
+                       f"got {self.doc_windows}")
+    if windows is not None and windows % self.doc_windows:
+      raise ValueError(f"{where}.doc_windows={self.doc_windows} must divide data.windows_per_slot={windows}")
+    lo, hi = self.facts
+    qlo, qhi = self.queries
+    if not 1 <= lo <= hi or not 1 <= qlo <= qhi or qlo > lo:
+      raise ValueError(f"{where}: need 1 <= facts[0] <= facts[1] and 1 <= queries[0] <= facts[0], queries[0] <= queries[1], "
+                       f"got facts={self.facts} queries={self.queries}")
+    bad = sorted(set(self.haystacks) - set(HAYSTACKS))
+    if bad or not self.haystacks:
+      raise ValueError(f"{where}.haystacks: choose from {HAYSTACKS}, got {list(self.haystacks)}")
+    if not 0.0 <= self.memory_fraction <= 1.0 or not 0.0 <= self.text_slots < 1.0:
+      raise ValueError(f"{where}: memory_fraction in [0, 1] and text_slots in [0, 1) expected, got "
+                       f"{self.memory_fraction} / {self.text_slots}")
+    if self.text_slots and not self.text_task:
+      raise ValueError(f"{where}: text_slots={self.text_slots} needs a text_task")
+
+
+class _Tokens:
+  """Sentence-by-sentence encoding with a cache: filler sentences repeat a lot."""
+
+  def __init__(self, vocab):
+    self.vocab, self.cache = vocab, {}
+
+  def __call__(self, text: str) -> List[int]:
+    ids = self.cache.get(text)
+    if ids is None:
+      ids = [int(i) for i in self.vocab.encode(text)]
+      if len(self.cache) < 50000:
+        self.cache[text] = ids
+    return ids
+
+
+def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, rng: np.random.Generator,
+             bos: int) -> Dict:
+  """One document of exactly `length` tokens (bos first): haystack with facts, then the questions.
+  Returns tokens, answer_mask (the value tokens of the answers) and the facts for tests."""
+  template_i = int(rng.integers(len(TEMPLATES)))
+  statement, questions = TEMPLATES[template_i]
+  kind, key_kind = KINDS[rng.integers(len(KINDS))], KEY_KINDS[rng.integers(len(KEY_KINDS))]
+  haystack = spec.haystacks[rng.integers(len(spec.haystacks))]
+  n_facts = int(rng.integers(spec.facts[0], spec.facts[1] + 1))
+  facts = [(keys.draw(key_kind), make_value(rng)) for _ in range(n_facts)]
+  n_asked = min(n_facts, int(rng.integers(spec.queries[0], spec.queries[1] + 1)))
+  asked = [int(i) for i in rng.permutation(n_facts)[:n_asked]]
+  # the question block: "\n" + question + " " + value + "." per asked fact; the values are scored
+  q_ids = list(tokens("\n"))  # a copy: the cache must not grow with it
+  q_mask = [False] * len(q_ids)
+  for i in asked:
+    key, value = facts[i]
+    q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
+    head, ans = tokens(q), tokens(" " + value)  # each question starts a line
+    q_ids += head + ans + tokens(".\n")
+    q_mask += [False] * len(head) + [True] * len(ans) + [False] * len(tokens(".\n"))
+  budget = length - 1 - len(q_ids)
+  window = length // spec.doc_windows
+  fact_ids = [tokens(" " + statement.format(key=k, kind=kind, value=v)) for k, v in facts]
+  if budget < sum(len(f) for f in fact_ids) + 8:
+    raise ValueError(f"retrieval: {n_facts} facts and {len(asked)} questions do not fit a document of "
+                     f"{length} tokens; use longer documents or fewer facts")
+  # The haystack: filler sentences up to the budget left by the facts (the last one cut), then
+  # each fact inserted whole at the sentence boundary nearest its drawn offset. An asked fact
+  # lies before the question's window with probability memory_fraction.
+  filler_budget = budget - sum(len(f) for f in fact_ids)
+  cycle = [FILLER_SENTENCES[j] for j in rng.permutation(len(FILLER_SENTENCES))[:int(rng.integers(3, 7))]]
+  pieces, used = [], 0
+  while used < filler_budget:
+    if haystack == "repeat":
+      s = cycle[len(pieces) % len(cycle)]
+    elif haystack == "prose":
+      s = prose_sentence(rng)
+    else:  # other facts, under keys no document of the batch uses, never asked
+      s = statement.format(key=keys.draw(key_kind), kind=kind, value=make_value(rng))
+    pieces.append(tokens(" " + s)[:filler_budget - used])
+    used += len(pieces[-1])
+  bounds = np.cumsum([0] + [len(p) for p in pieces])  # token offset of every sentence boundary
+  q_window_start = (length - len(q_ids)) // window * window - 1  # haystack offset of the question's window
+  inserts = collections.defaultdict(list)
+  for i in rng.permutation(n_facts):
+    memory = i in asked and rng.random() < spec.memory_fraction
+    # before the question's window: the boundary must leave room for this fact (and those before it)
+    last = q_window_start - len(fact_ids[i]) if memory else filler_budget
+    at = int(rng.integers(0, max(1, last) + 1))
+    inserts[int(np.searchsorted(bounds, at, side="right") - 1)].append(i)
+  out = []
+  for b in range(len(pieces) + 1):
+    for i in inserts.get(b, ()):
+      out += fact_ids[i]
+    if b < len(pieces):
+      out += pieces[b]
+  ids = [bos] + out + q_ids
+  mask = [False] * (1 + len(out)) + q_mask
+  return {"tokens": np.asarray(ids, np.int32), "answer_mask": np.asarray(mask, bool), "facts": facts,
+          "asked": [facts[i] for i in asked], "template": template_i, "haystack": haystack}
+
+
+class RetrievalBatches:
+  """Slot batches of retrieval documents (and natural text in a share of the slots), in the
+  slot batcher's layout: rows slot * windows + j, fields inputs/targets/loss_mask/accuracy_mask/
+  doc_ids [slots * windows, window]."""
+
+  def __init__(self, spec: RetrievalSpec, vocab, *, slots: int, windows: int, window: int, seed: int,
+               text_batches=None):
+    spec.validate(windows=windows)
+    self.spec, self.slots, self.windows, self.window, self.seed = spec, slots, windows, window, seed
+    self.n_text = int(spec.text_slots * slots)
+    if self.n_text and text_batches is None:
+      raise ValueError("retrieval: text_slots > 0 needs the text task's slot batches")
+    self.text = text_batches
+    self.tokens = _Tokens(vocab)
+    from data_pipelines import vocab as vocab_lib
+    self.bos = vocab_lib.special_ids(vocab)["bos"]
+
+  def __call__(self, step: int) -> Dict[str, np.ndarray]:
+    k, t = self.windows, self.window
+    n_ret = self.slots - self.n_text
+    per_slot = k // self.spec.doc_windows
+    doc_len = self.spec.doc_windows * t + 1  # + 1: the last target
+    rng = np.random.default_rng([self.seed, step, 29])
+    keys = KeyPool(rng)
+    rows = {f: [] for f in ("inputs", "targets", "loss_mask", "accuracy_mask", "doc_ids")}
+    for s in range(n_ret):
+      for j in range(per_slot):
+        d = document(self.spec, self.tokens, doc_len, keys, rng, self.bos)
+        toks, m = d["tokens"], d["answer_mask"]
+        rows["inputs"].append(toks[:-1].reshape(-1, t))
+        rows["targets"].append(toks[1:].reshape(-1, t))
+        rows["loss_mask"].append(m[1:].reshape(-1, t))
+        rows["accuracy_mask"].append(m[1:].reshape(-1, t))
+        rows["doc_ids"].append(np.full((self.spec.doc_windows, t), (step * self.slots + s) * per_slot + j,
+                                       np.int64))
+    batch = {f: np.concatenate(v) if v else np.zeros((0, t), np.int32) for f, v in rows.items()}
+    if self.n_text:
+      text = self.text(step)
+      lm = np.array(text["loss_mask"]).reshape(self.n_text, k, t)
+      lm[:, :k - self.spec.text_scored_windows] = False  # the last windows: text read with memory
+      text = dict(text, loss_mask=lm.reshape(-1, t), accuracy_mask=np.zeros((self.n_text * k, t), bool),
+                  doc_ids=np.where(np.asarray(text["doc_ids"]) < 0, -1, np.asarray(text["doc_ids"], np.int64) + 2 ** 40))
+      batch = {f: np.concatenate([batch[f], np.asarray(text[f]).astype(batch[f].dtype)]) for f in batch}
+    batch["inputs"], batch["targets"] = batch["inputs"].astype(np.int32), batch["targets"].astype(np.int32)
+    return batch
+
+  # state, reports: the text slots' batcher (the retrieval slots are a pure function of the step)
+  def state_dict(self) -> dict:
+    return {"seed": self.seed, "text": self.text.state_dict() if self.text is not None else None}
+
+  def load_state_dict(self, state: dict) -> None:
+    if self.text is not None and state.get("text") is not None:
+      self.text.load_state_dict(state["text"])
+
+  def report(self) -> str:
+    return self.text.report() if self.text is not None else "synthetic retrieval documents"
+
+  def bad_input(self):
+    from data_pipelines import sources
+    return self.text.bad_input() if self.text is not None else sources.BadInputStats()
