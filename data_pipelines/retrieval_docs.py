@@ -182,6 +182,18 @@ class _Tokens:
     return ids
 
 
+def question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], rng: np.random.Generator):
+  """'\n' + question + ' ' + value + '.' per asked fact -> (ids, mask of the value tokens)."""
+  ids = list(tokens("\n"))  # a copy: the cache must not grow with it
+  mask = [False] * len(ids)
+  for key, value in asked:
+    q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
+    head, ans, end = tokens(q), tokens(" " + value), tokens(".\n")  # each question starts a line
+    ids += head + ans + end
+    mask += [False] * len(head) + [True] * len(ans) + [False] * len(end)
+  return ids, mask
+
+
 def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, rng: np.random.Generator,
              bos: int) -> Dict:
   """One document of exactly `length` tokens (bos first): haystack with facts, then the questions.
@@ -194,21 +206,26 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
   facts = [(keys.draw(key_kind), make_value(rng)) for _ in range(n_facts)]
   n_asked = min(n_facts, int(rng.integers(spec.queries[0], spec.queries[1] + 1)))
   asked = [int(i) for i in rng.permutation(n_facts)[:n_asked]]
-  # the question block: "\n" + question + " " + value + "." per asked fact; the values are scored
-  q_ids = list(tokens("\n"))  # a copy: the cache must not grow with it
-  q_mask = [False] * len(q_ids)
-  for i in asked:
-    key, value = facts[i]
-    q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
-    head, ans = tokens(q), tokens(" " + value)  # each question starts a line
-    q_ids += head + ans + tokens(".\n")
-    q_mask += [False] * len(head) + [True] * len(ans) + [False] * len(tokens(".\n"))
-  budget = length - 1 - len(q_ids)
-  window = length // spec.doc_windows
   fact_ids = [tokens(" " + statement.format(key=k, kind=kind, value=v)) for k, v in facts]
-  if budget < sum(len(f) for f in fact_ids) + 8:
-    raise ValueError(f"retrieval: {n_facts} facts and {len(asked)} questions do not fit a document of "
-                     f"{length} tokens; use longer documents or fewer facts")
+  # Fit: drop unasked facts, then questions (and their facts), until facts + questions fit with
+  # room for some filler; a document that cannot hold one fact and its question is a config error.
+  while True:
+    q_ids, q_mask = question_block(tokens, questions, kind, [facts[i] for i in asked], rng)
+    budget = length - 1 - len(q_ids)
+    if budget >= sum(len(fact_ids[i]) for i in range(n_facts)) + 8:
+      break
+    unasked = [i for i in range(n_facts) if i not in asked]
+    if unasked:
+      drop = unasked[-1]
+    elif len(asked) > 1:
+      drop = asked.pop()
+    else:
+      raise ValueError(f"retrieval: a fact and its question do not fit a document of {length} tokens; "
+                       f"use longer documents (doc_windows or the window)")
+    facts, fact_ids = facts[:drop] + facts[drop + 1:], fact_ids[:drop] + fact_ids[drop + 1:]
+    asked = [i - (i > drop) for i in asked]
+    n_facts -= 1
+  window = length // spec.doc_windows
   # The haystack: filler sentences up to the budget left by the facts (the last one cut), then
   # each fact inserted whole at the sentence boundary nearest its drawn offset. An asked fact
   # lies before the question's window with probability memory_fraction.

@@ -6,10 +6,10 @@
 leaves the tuned model in runs/smollm2_retrieval/fot (fot_jax.from_pretrained, the evaluate CLI and
 export_hf read it); docs/retrieval.md has the evaluation commands and the measured results.
 
-Memory layers 6, 17, 18, 23 (0-based, of 30): the layers of SmolLM2's best copy heads found by the
+Memory layers 6, 17, 18, 20 (0-based, of 30): the layers of SmolLM2's best copy heads found by the
 retrieval-head probe (`python -m fot_jax.evaluate --suite=heads`, docs/evaluation.md), not
 LongLLaMA's layer numbers; 'first' positions (memory keys rotated as at position 0, LongLLaMA's
-default). Only those layers' attention trains (`memory_attention`, 2.0% of the parameters): the rest
+default). Only those layers' attention trains (`memory_attention`, 2.6% of the parameters): the rest
 stays bit-identical, so the model keeps its language and what changes is how four layers read memory.
 
 Data (data_pipelines/retrieval_docs.py): synthetic documents in SmolLM2's tokenizer that state facts
@@ -32,7 +32,7 @@ from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
 import ml_collections
 
-MEM_LAYERS = (6, 17, 18, 23)
+MEM_LAYERS = (6, 17, 18, 20)  # `--mem_layers=auto:4` on the import (docs/evaluation.md, "Retrieval-head probe")
 SLOTS, WINDOWS, WINDOW = 8, 8, 64
 NEAR, MID, FAR = 25, 20, 35
 POSITIVES = [(j, 0) for j in range(WINDOWS)]  # d = 1

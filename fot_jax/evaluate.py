@@ -1,14 +1,16 @@
 """Evaluation suite entry point.
 
   python -m fot_jax.evaluate --checkpoint PATH --suite=ppl,rd,passkey,niah,dict --workdir W \\
-      [--mem_layers=8,16,24|all|none] [--eval.ppl.memory_tokens='(0,2048)' --eval.task=stdlib ...]
+      [--mem_layers=8,16,24|all|none|auto:N] [--eval.ppl.memory_tokens='(0,2048)' --eval.task=stdlib ...]
   python -m fot_jax.evaluate compare W1 W2 ... [--workdir OUT]
 
 PATH is an fot_jax checkpoint (a training arm's workdir, or what `convert import_hf` /
 `import_gguf` wrote), a Hugging Face LLaMA directory or a LLaMA GGUF file. --mem_layers
-evaluates the same weights with other memory layers (0-based; 'all', or 'none' for no memory). Each suite writes W/eval/<suite>.json and its
-PNG plot(s); W/eval/report.md gathers them. `compare` puts several workdirs' results in
-one table per suite and on shared plots (OUT/compare.md, default ./eval_compare).
+evaluates the same weights with other memory layers (0-based; 'all', or 'none' for no memory;
+'auto:N' picks N with the retrieval-head probe, run first on the model without memory layers,
+with the eval.heads settings). Each suite writes W/eval/<suite>.json and its PNG plot(s);
+W/eval/report.md gathers them. `compare` puts several workdirs' results in one table per suite
+and on shared plots (OUT/compare.md, default ./eval_compare).
 Settings and their defaults: fot_jax/eval/suite.py default_config().
 """
 from __future__ import annotations
@@ -29,21 +31,33 @@ _SUITE = flags.DEFINE_string("suite", ",".join(suite_lib.SUITES), "Comma-separat
 _WORKDIR = flags.DEFINE_string("workdir", None, "Results go to WORKDIR/eval/ (compare: WORKDIR/compare.md).")
 _NAME = flags.DEFINE_string("name", None, "Run name in tables and plots (default: the checkpoint's folder).")
 _MEM_LAYERS = flags.DEFINE_string("mem_layers", None, "Memory layers over the checkpoint's: comma-separated "
-                                  "0-based layers, 'all' or 'none' (default: the checkpoint's).")
+                                  "0-based layers, 'all', 'none' or 'auto:N' (the N layers with the best "
+                                  "retrieval heads, fot_jax/eval/heads.py; default: the checkpoint's).")
 _EVAL = config_flags.DEFINE_config_dict("eval", suite_lib.default_config(), "Suite settings.")
 
 
-def _layers(text: str):
-  """'8,16,24' / 'none' / 'all' -> a tuple of layers, or 'all'."""
+def _layers(text: str, checkpoint: str = None, config=None):
+  """'8,16,24' / 'none' / 'all' -> a tuple of layers, or 'all'; 'auto:N' -> the N layers the
+  retrieval-head probe picks on `checkpoint` (fot_jax/eval/heads.py; config: the eval settings,
+  for eval.vocab, eval.seed and eval.heads' prompts)."""
   text = text.strip().lower()
   if text in ("", "none"):
     return ()
+  if text.startswith("auto"):
+    from fot_jax.eval import heads
+    heads.parse_auto(text)  # a bad N fails before anything loads
+    if not checkpoint:
+      raise ValueError(f"--mem_layers={text} runs the probe on the model: give --checkpoint")
+    c = config or suite_lib.default_config()
+    return heads.resolve_auto_layers(text, checkpoint, c.vocab, int(c.heads.n_prompts), int(c.heads.length),
+                                     int(c.seed))
   if text == "all":
     return "all"  # fot_jax.from_pretrained reads it as every layer
   try:
     return tuple(int(x) for x in text.split(","))
   except ValueError:
-    raise ValueError(f"--mem_layers: expected comma-separated layer numbers, 'all' or 'none', got {text!r}") from None
+    raise ValueError(f"--mem_layers: expected comma-separated layer numbers, 'all', 'none' or 'auto:N', "
+                     f"got {text!r}") from None
 
 
 def main(argv):
@@ -63,7 +77,8 @@ def main(argv):
     if not _CHECKPOINT.value or not _WORKDIR.value:
       sys.exit("fot_jax.evaluate: --checkpoint=PATH and --workdir=DIR are required")
     suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
-    overrides = {} if _MEM_LAYERS.value is None else {"mem_layers": _layers(_MEM_LAYERS.value)}
+    overrides = {} if _MEM_LAYERS.value is None else {
+        "mem_layers": _layers(_MEM_LAYERS.value, _CHECKPOINT.value, _EVAL.value)}
     suite_lib.run(_CHECKPOINT.value, suites, _WORKDIR.value, _EVAL.value, _NAME.value, **overrides)
   except (ValueError, ConvertError) as e:
     sys.exit(f"evaluate error: {e}")

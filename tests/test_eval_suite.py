@@ -30,6 +30,7 @@ def _tiny_run(tmp_path):
   c.rd.update(ds=(1, 2, 4), n_docs=4)
   c.passkey.update(lengths=(300, 400), depths=(0.0, 1.0), trials=1)
   c.niah.update(lengths=(64, 128), depths=(0.0, 1.0), trials=1, n_needles=2, corpus_docs=5)
+  c.ruler.update(tasks=("niah_noise", "fwe"), lengths=(600, 800), trials=1)
   c.dict.task.update(num_symbols=32, num_value_symbols=16, n_defs=8, n_queries=4)
   c.dict.update(memory_tokens=(32, 128), n_docs=2, topk=4, modes=("dense", "topk", "flat", "ivf"),
                 device_max_tokens=32)

@@ -100,6 +100,25 @@ def tables(suite: str, runs: Runs) -> str:
     eff = [[f"{n} {m}", runs[n][m].get("effective_length")] for n, m in cols]
     thr = next(iter(runs.values()))["threshold"]
     return out + f"\n\nEffective length (accuracy >= {thr}):\n\n" + _table(["run", "tokens"], eff)
+  if suite == "ruler":  # a table per run: lengths x tasks, the average, effective lengths
+    parts = []
+    for n, r in runs.items():
+      tasks = list(r["tasks"])
+      rows = [[x] + [_at(r["tasks"][t]["lengths"], r["tasks"][t]["accuracy"], x) for t in tasks]
+              + [_at(r["lengths"], r["average"], x)] for x in r["lengths"]]
+      rows.append(["effective length"] + [r["tasks"][t]["effective_length"] for t in tasks] + [r["effective_length"]])
+      parts.append((f"**{n}**\n\n" if len(runs) > 1 else "")
+                   + _table(["length (target tokens)"] + tasks + ["average"], rows))
+    r = next(iter(runs.values()))
+    return "\n\n".join(parts) + (f"\n\nScore: fraction of the expected values in the greedy output, mean over "
+                                 f"{r.get('trials', '?')} prompts; effective length at threshold {r['threshold']}.")
+  if suite == "heads":  # retrieval-head probe: the layers picked and the best heads, a row per run
+    best = lambda r: ", ".join(f"L{lay}.H{h} {sc:.2f}" for lay, h, sc in r["top_heads"][:5])
+    rows = [[n, ", ".join(map(str, r["picked"])), best(r), r["answer_tokens"]] for n, r in runs.items()]
+    return _table(["run", "picked layers", "best heads (copy score)", "answer tokens"], rows) + (
+        "\n\nCopy score: the fraction of answer tokens where the head's attention argmax lands on the needle "
+        "token it predicts; picked: the layers whose best head copies most often (ties: mean head score, "
+        "lower layer).")
   raise ValueError(f"unknown suite {suite!r}")
 
 
@@ -172,12 +191,34 @@ def plot_suite(suite: str, runs: Runs, out_dir: str, prefix: str = "") -> List[s
     ax.set_ylim(-0.02, 1.02)
     save(fig, ax, "context tokens (memory + local)", "accuracy (all value tokens)",
          "Dictionary lookup: dense, exact and approximate top-k", "dict.png")
+  elif suite == "ruler":  # a panel per run: each task's score against length, the average in bold
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+    for ax, (n, r) in zip(axes[0], runs.items()):
+      for t, g in r["tasks"].items():
+        ax.plot(g["lengths"], g["accuracy"], "-o", ms=3, alpha=0.7, label=t)
+      ax.plot(r["lengths"], r["average"], "k-s", lw=2.5, label="average")
+      ax.axhline(r["threshold"], color="grey", ls=":", label=f"threshold {r['threshold']}")
+      ax.set_xscale("log", base=2)
+      ax.set_ylim(-0.02, 1.02)
+      ax.set_xlabel("prompt length (tokens)")
+      ax.set_ylabel("score (expected values produced)")
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=7)
+      ax.set_title(f"RULER-style tasks: {n}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, prefix + "ruler.png"), dpi=110)
+    plt.close(fig)
+    files.append(prefix + "ruler.png")
+  elif suite == "heads":  # a heat map (layers x heads) per run
+    from fot_jax.eval.heads import plot_heads
+    plot_heads(runs, os.path.join(out_dir, prefix + "heads.png"))
+    files.append(prefix + "heads.png")
   return files
 
 
 def _markdown(by_suite: Dict[str, Runs], out_dir: str, title: str, prefix: str = "") -> str:
   lines = [f"# {title}", ""]
-  for suite in ("ppl", "rd", "passkey", "niah", "dict"):
+  for suite in ("ppl", "rd", "passkey", "niah", "dict", "ruler", "heads"):
     if suite not in by_suite:
       continue
     runs = by_suite[suite]

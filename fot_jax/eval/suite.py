@@ -4,7 +4,9 @@ W/eval/<suite>.json and its PNG plot(s); `report.write_report` gathers them in W
 Suites: ppl (perplexity against memory, single_doc and multi_doc), rd (positive attention
 mass against documents in memory), passkey, niah (single and multi-needle), dict
 (dictionary lookup: dense, exact top-k and approximate top-k; host faiss memory past the
-device limit). Every suite is seeded by `seed` and prints its progress.
+device limit), ruler (RULER-style synthetic tasks scored on greedy generation). Every suite
+is seeded by `seed` and prints its progress. heads (retrieval-head probe: per-head copy scores,
+the layers picked for memory) needs no memory.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Dict, List
 import ml_collections
 import numpy as np
 
-SUITES = ("ppl", "rd", "passkey", "niah", "dict")
+SUITES = ("ppl", "rd", "passkey", "niah", "dict", "ruler", "heads")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -49,6 +51,12 @@ def default_config() -> ml_collections.ConfigDict:
       "nprobe": 8, "nlist": 0,  # IVF lists searched / total (0: 4 sqrt(M), at most 1024)
       "device_max_tokens": 262144,  # beyond this, memory stays on the host (faiss): dense/topk skipped
       "threshold": 0.5, "seed": 1234})
+  # RULER-style tasks scored on greedy generation (fot_jax/eval/ruler.py); 0.856 = RULER's Llama-2-7B at 4K
+  c.ruler = ml_collections.ConfigDict({
+      "tasks": ("niah_noise", "niah_essay", "multikey", "multivalue", "multiquery", "vt", "fwe"),
+      "lengths": (1024, 4096, 16384), "trials": 4, "threshold": 0.856})
+  # retrieval-head probe (fot_jax/eval/heads.py): copy scores per head, the `top` layers picked
+  c.heads = ml_collections.ConfigDict({"n_prompts": 8, "length": 384, "top": 4})
   return c
 
 
@@ -184,7 +192,20 @@ def run_dict(ctx: Context) -> Dict:
   return out
 
 
-RUNNERS = {"ppl": run_ppl, "rd": run_rd, "passkey": run_passkey, "niah": run_niah, "dict": run_dict}
+def run_ruler(ctx: Context) -> Dict:
+  from fot_jax.eval import ruler
+  r = ctx.config.ruler
+  return ruler.evaluate(ctx.inference(), ctx.vocab, list(r.tasks), [int(x) for x in r.lengths], int(r.trials),
+                        int(ctx.config.seed), float(r.threshold), ctx.config.batch, ctx.name)
+
+
+def run_heads(ctx: Context) -> Dict:
+  from fot_jax.eval import heads
+  return heads.run_heads(ctx)
+
+
+RUNNERS = {"ppl": run_ppl, "rd": run_rd, "passkey": run_passkey, "niah": run_niah, "dict": run_dict,
+           "ruler": run_ruler, "heads": run_heads}
 
 
 def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections.ConfigDict,
@@ -196,7 +217,7 @@ def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections
     raise ValueError(f"--suite: unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
   ctx = Context(checkpoint, config, **overrides)
   ctx.name = name or os.path.basename(os.path.normpath(checkpoint))
-  out_dir = os.path.join(workdir, "eval")
+  out_dir = ctx.out_dir = os.path.join(workdir, "eval")  # heads writes its heat map there
   os.makedirs(out_dir, exist_ok=True)
   results = {}
   for i, suite in enumerate(suites):

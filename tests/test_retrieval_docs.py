@@ -1,0 +1,156 @@
+"""The retrieval curriculum's documents (data_pipelines/retrieval_docs.py), checked from their
+decoded text: facts stated before the questions that ask for them, scored tokens that are exactly
+the asked values, keys never shared between two documents of a batch (a crossbatch negative must
+not contradict its positive), no evaluation template in any training document, natural-text slots
+scored on their last window only; and the curriculum tasks wired into an LM run."""
+import re
+
+import numpy as np
+import pytest
+
+from data_pipelines import passkey, retrieval_docs as rd, vocab as vocab_lib
+from fot_jax import configs
+from fot_jax.eval import niah, ruler
+from tests.test_vocab_hf import make_tokenizer
+
+KEY = r"(?:[a-z]+-[a-z]+|[A-Z][a-z]+ [A-Z]\. [A-Z][a-z]+|unit \d{4}|[0-9a-f]{8})"
+KIND = "(?:" + "|".join(re.escape(k) for k in rd.KINDS) + ")"
+
+
+def _statement_regexes():
+  """Every template's statement as a regex with key / value groups (independent of the generator)."""
+  out = []
+  for statement, _ in rd.TEMPLATES:
+    pat = re.escape(statement).replace(r"\{key\}", f"(?P<key>{KEY})").replace(r"\{kind\}", KIND)
+    out.append(re.compile(pat.replace(r"\{value\}", r"(?P<value>\d{5,7})")))
+  return out
+
+
+STATEMENTS = _statement_regexes()
+
+
+def facts_in(text):
+  return [(m.group("key"), m.group("value"), m.start()) for r in STATEMENTS for m in r.finditer(text)]
+
+
+@pytest.fixture(scope="module", params=["byte", "tokenizer.json"])
+def vocab(request, tmp_path_factory):
+  if request.param == "byte":
+    return vocab_lib.get_vocabulary("byte")
+  return vocab_lib.get_vocabulary(make_tokenizer(str(tmp_path_factory.mktemp("tok"))))
+
+
+def _docs(batch, doc_windows):
+  """(input ids with the last target, loss mask over them) per document of a retrieval batch."""
+  t = batch["inputs"].shape[1]
+  for r in range(0, len(batch["inputs"]), doc_windows):
+    rows = slice(r, r + doc_windows)
+    if (batch["doc_ids"][rows] >= 2 ** 40).any():  # a natural-text slot
+      continue
+    ids = np.concatenate([batch["inputs"][rows].reshape(-1), batch["targets"][rows].reshape(-1)[-1:]])
+    mask = np.concatenate([[False], batch["loss_mask"][rows].reshape(-1)])
+    assert len(ids) == doc_windows * t + 1
+    yield ids, mask
+
+
+@pytest.mark.parametrize("doc_windows,facts,queries,haystacks", [
+    (2, (1, 2), (1, 1), rd.HAYSTACKS), (4, (3, 6), (1, 3), ("facts",)), (8, (2, 12), (1, 4), rd.HAYSTACKS)])
+def test_documents_state_facts_before_questions_with_distinct_keys(vocab, doc_windows, facts, queries, haystacks):
+  spec = rd.RetrievalSpec(doc_windows=doc_windows, facts=facts, queries=queries, haystacks=haystacks)
+  window = 128  # both vocabularies are about a byte a token
+  batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=8, window=window, seed=3)
+  in_memory = asked_total = 0
+  for step in range(3):
+    batch = batches(step)
+    assert batch["inputs"].shape == (32, window) and (batch["accuracy_mask"] == batch["loss_mask"]).all()
+    owner = {}  # key -> (document, value): over the whole batch
+    for d, (ids, mask) in enumerate(_docs(batch, doc_windows)):
+      text = vocab.decode(ids[1:].tolist())
+      stated = facts_in(text)
+      assert stated, text
+      for key, value, _ in stated:
+        assert owner.setdefault(key, (d, value)) == (d, value), f"key {key!r} stated twice in a batch"
+      # the scored tokens are the asked values, each stated under its key before the question block
+      q_start = text.index("\n")
+      answers = re.findall(r"\d{5,7}", vocab.decode(ids[mask].tolist()))
+      assert queries[0] <= len(answers) <= queries[1], (answers, text)
+      values = {}
+      for _, v, pos in stated:  # the first statement (a question + its answer may match one too)
+        values[v] = min(pos, values.get(v, pos))
+      for v in answers:
+        assert v in values and values[v] < q_start, (v, text)
+      # how many asked facts lie before the question's window (in memory at inference)
+      first_scored = int(np.nonzero(mask)[0][0])
+      q_window = (first_scored - 1) // window * window
+      for v in answers:
+        prefix = vocab.decode(ids[1:q_window + 1].tolist())
+        in_memory += v in prefix
+        asked_total += 1
+  assert in_memory / asked_total >= 0.6, (in_memory, asked_total)  # memory_fraction 0.9, minus overflow
+
+
+def test_no_evaluation_template_in_training_documents():
+  vocab = vocab_lib.get_vocabulary("byte")
+  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4))
+  batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0)
+  text = "\n".join(vocab.decode(ids.tolist()) for step in range(16) for ids, _ in _docs(batches(step), 8))
+  eval_phrases = list(ruler.EVAL_TEMPLATES) + [
+      passkey.QUESTION, passkey.needle(12345).split("12345")[0], niah.needle(1).split(" is ")[0],
+      "special magic", "pass key", "secret number"]
+  eval_phrases += [s.strip() for s in passkey.SENTENCES]  # the passkey haystack is the evaluation's own
+  assert len(text) > 120_000  # 128 documents
+  for phrase in eval_phrases:
+    assert phrase.strip() and phrase.strip().lower() not in text.lower(), phrase
+
+
+def test_text_slots_scored_on_their_last_window_and_state_round_trip():
+  vocab = vocab_lib.get_vocabulary("byte")
+
+  class Text:  # a stand-in slot batcher: every token scored, with a state
+    def __init__(self):
+      self.n = 0
+
+    def __call__(self, step):
+      self.n += 1
+      x = np.full((2 * 4, 128), 7, np.int32)
+      return {"inputs": x, "targets": x, "loss_mask": np.ones_like(x, bool), "doc_ids": np.zeros_like(x)}
+
+    def state_dict(self):
+      return {"n": self.n}
+
+    def load_state_dict(self, s):
+      self.n = s["n"]
+
+  spec = rd.RetrievalSpec(doc_windows=2, facts=(1, 1), queries=(1, 1), text_task="stdlib", text_slots=0.5)
+  text = Text()
+  b = rd.RetrievalBatches(spec, vocab, slots=4, windows=4, window=128, seed=1, text_batches=text)
+  batch = b(0)
+  text_mask = batch["loss_mask"][8:].reshape(2, 4, 128)
+  assert text_mask[:, 3].all() and not text_mask[:, :3].any() and not batch["accuracy_mask"][8:].any()
+  assert (batch["doc_ids"][8:] >= 2 ** 40).all() and (batch["doc_ids"][:8] < 2 ** 40).all()
+  assert b.state_dict() == {"seed": 1, "text": {"n": 1}}
+  again = rd.RetrievalBatches(spec, vocab, slots=4, windows=4, window=128, seed=1, text_batches=Text())
+  again.load_state_dict(b.state_dict())
+  assert again.text.n == 1 and (again(0)["inputs"][:8] == batch["inputs"][:8]).all()  # a pure function of the step
+
+
+def test_bad_specs_name_the_field():
+  with pytest.raises(ValueError, match="data.retrieval.x: unknown field"):
+    rd.RetrievalSpec.from_dict({"doc_window": 2}, "data.retrieval.x")
+  with pytest.raises(ValueError, match="doc_windows=3 must divide data.windows_per_slot=8"):
+    rd.RetrievalSpec(doc_windows=3).validate(windows=8)
+  with pytest.raises(ValueError, match="haystacks"):
+    rd.RetrievalSpec(haystacks=("essay",)).validate()
+  with pytest.raises(ValueError, match="needs a text_task"):
+    rd.RetrievalSpec(text_slots=0.25).validate()
+  spec = rd.RetrievalSpec(doc_windows=2, facts=(8, 8), queries=(4, 4))
+  with pytest.raises(ValueError, match="do not fit a document of 65 tokens"):
+    rd.RetrievalBatches(spec, vocab_lib.get_vocabulary("byte"), slots=1, windows=2, window=32, seed=0)(0)
+
+
+def test_experiment_config_validates_and_names_its_tasks():
+  from experiments import smollm2_retrieval
+  config = smollm2_retrieval.get_config()
+  configs.validate(config, check_data=False)
+  assert [configs.retrieval_view(config, p["task"]).doc_windows for p in config.train.curriculum.phases] == [2, 4, 8]
+  assert configs.model_config(config).mem_layers == smollm2_retrieval.MEM_LAYERS
