@@ -33,6 +33,9 @@ _NAME = flags.DEFINE_string("name", None, "Run name in tables and plots (default
 _MEM_LAYERS = flags.DEFINE_string("mem_layers", None, "Memory layers over the checkpoint's: comma-separated "
                                   "0-based layers, 'all', 'none' or 'auto:N' (the N layers with the best "
                                   "retrieval heads, fot_jax/eval/heads.py; default: the checkpoint's).")
+_OVERRIDES = flags.DEFINE_string("model_overrides", None, "ModelConfig fields over the checkpoint's, as JSON, e.g. "
+                                 "'{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}, "
+                                 "\"attention_impl\": \"blockwise\"}' (a RoPE method with a window as long as the prompt).")
 _EVAL = config_flags.DEFINE_config_dict("eval", suite_lib.default_config(), "Suite settings.")
 
 
@@ -60,6 +63,26 @@ def _layers(text: str, checkpoint: str = None, config=None):
                      f"got {text!r}") from None
 
 
+def _model_overrides(text):
+  """--model_overrides JSON -> a dict of ModelConfig fields (checked against the dataclass)."""
+  import dataclasses
+  import json
+  from fot_jax.model.config import ModelConfig
+  if not text:
+    return {}
+  try:
+    out = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"--model_overrides: not JSON ({e}): {text!r}") from None
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  if not isinstance(out, dict) or set(out) - fields:
+    raise ValueError(f"--model_overrides: a JSON object of ModelConfig fields expected; unknown: "
+                     f"{sorted(set(out) - fields) if isinstance(out, dict) else out!r}")
+  if "mem_layers" in out:
+    raise ValueError("--model_overrides: give memory layers with --mem_layers")
+  return out
+
+
 def main(argv):
   from absl import logging
   logging.set_verbosity(logging.WARNING)
@@ -79,6 +102,7 @@ def main(argv):
     suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
     overrides = {} if _MEM_LAYERS.value is None else {
         "mem_layers": _layers(_MEM_LAYERS.value, _CHECKPOINT.value, _EVAL.value)}
+    overrides.update(_model_overrides(_OVERRIDES.value))
     suite_lib.run(_CHECKPOINT.value, suites, _WORKDIR.value, _EVAL.value, _NAME.value, **overrides)
   except (ValueError, ConvertError) as e:
     sys.exit(f"evaluate error: {e}")

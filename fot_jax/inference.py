@@ -161,6 +161,14 @@ def sample(logits, rng, temperature: float = 0.0, top_p: float = 1.0):
   return out
 
 
+def _start_aligned(rows, w):
+  width = -(-max(len(r) for r in rows) // w) * w
+  toks = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    toks[i, :len(r)] = r
+  return toks, np.arange(width)[None, :] < np.array([len(r) for r in rows])[:, None]
+
+
 def _prompt_rows(prompt):
   """-> (list of 1-D int32 prompts, '1d' | '2d' | 'list')."""
   if isinstance(prompt, (list, tuple)) and len(prompt) and np.ndim(prompt[0]) == 1:
@@ -174,6 +182,24 @@ def _prompt_rows(prompt):
   if not rows or min(len(r) for r in rows) < 1:
     raise ValueError("generate: every prompt needs at least one token")
   return rows, form
+
+
+def end_aligned(rows: List[np.ndarray], window: int, tail: int):
+  """Rows placed so that each one longer than `tail` ends with exactly `tail` tokens in its last
+  window (LongLLaMA's `last_context_length`): masked padding before a row's first token shifts the
+  window boundaries, so the end of a prompt (the question) keeps up to `tail` tokens of local
+  context instead of however many the length leaves past a boundary. Rows up to `tail` tokens stay
+  at 0. -> (tokens [B, W], mask [B, W], pads [B]); W is a multiple of the window."""
+  if not 0 < tail <= window:
+    raise ValueError(f"inference: last_context_length must be in 1..window ({window}), got {tail}")
+  lens = np.array([len(r) for r in rows])
+  pads = np.where(lens > tail, (tail - lens) % window, 0)
+  width = -(-int((lens + pads).max()) // window) * window
+  toks = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros((len(rows), width), bool)
+  for i, (r, p) in enumerate(zip(rows, pads)):
+    toks[i, p:p + len(r)], mask[i, p:p + len(r)] = r, True
+  return toks, mask, pads
 
 
 class MemoryInference:
@@ -222,16 +248,18 @@ class MemoryInference:
     return np.concatenate(outs, axis=1) if outs else None
 
   def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, return_logits: bool = False):
+               seed: int = 0, return_logits: bool = False, last_context_length: Optional[int] = None):
     """Appends max_new_tokens to each prompt, greedy (temperature 0) or sampled (temperature,
     top_p), with a key/value cache of the current window.
 
     prompt: 1-D tokens, [B, L] tokens, or a list of 1-D prompts of different lengths; the
-    result has the same form. Each row is window-aligned at its own token 0, like `process`:
-    the prompt's full windows are prefilled into memory, the rest into the cache; each new
-    token is one query against cache + memory, and a full cache moves into memory. So the
-    logits behind each token equal `process` on that row's sequence so far (return_logits:
-    also those logits, [B, max_new_tokens, V]). Timings and tokens/s land in `self.stats`.
+    result has the same form. The prompt's last `last_context_length` tokens go into the
+    current window's cache (LongLLaMA's setting; default: the window less the new tokens, at
+    least half of it), the windows before them into memory (`end_aligned`: the first one is
+    partial); 0 aligns windows at token 0 instead, like `process`. Each new token is one query
+    against cache + memory, and a full cache moves into memory. So the logits behind each token
+    equal `process` on that row's sequence so far, placed as here (return_logits: also those
+    logits, [B, max_new_tokens, V]). Timings and tokens/s land in `self.stats`.
     """
     rows, form = _prompt_rows(prompt)
     if max_new_tokens < 0:
@@ -240,14 +268,16 @@ class MemoryInference:
       raise ValueError(f"generate: needs temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     rng = np.random.default_rng(seed)
     w, batch = self.window, len(rows)
+    if last_context_length is None:
+      last_context_length = w - min(max_new_tokens, w // 2)
+    if last_context_length == 0:  # windows from token 0, as `process`
+      (toks, mask), pads = _start_aligned(rows, w), np.zeros(batch, int)
+    else:
+      toks, mask, pads = end_aligned(rows, w, last_context_length)
     lens = np.array([len(r) for r in rows])
-    full = (lens - 1) // w  # windows that go to memory; the last (1..w tokens) goes to the cache
-    width = (full.max() + 1) * w
-    toks = np.zeros((batch, width), np.int32)
-    for i, r in enumerate(rows):
-      toks[i, :len(r)] = r
-    mask = np.arange(width)[None, :] < lens[:, None]
-    fill = (lens - full * w).astype(np.int32)
+    ends = lens + pads  # a row's end in the placed tokens
+    full = (ends - 1) // w  # windows that go to memory; the last (1..w tokens) goes to the cache
+    fill = (ends - full * w).astype(np.int32)
     memory, cache, last = self.new_memory(batch), None, None
     args = (self.cfg, self.mode, self.topk, self.chunk, self.recall)
     t0 = time.perf_counter()

@@ -90,3 +90,17 @@ def test_multi_doc_memory_holds_the_preceding_documents(tmp_path):
     np.testing.assert_allclose(got["nll"][k], np.mean(nll), rtol=1e-5)
   prev = perplexity.preceding_documents(docs, 0, 60)
   np.testing.assert_array_equal(prev, np.concatenate([docs[2], docs[1]])[-60:])  # docs[1] nearest, last
+
+
+def test_model_overrides_flag_parses_fields_and_names_bad_ones():
+  import pytest
+  from fot_jax.evaluate import _model_overrides
+  out = _model_overrides('{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "attention_impl": "blockwise"}')
+  assert out == {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "attention_impl": "blockwise"}
+  assert _model_overrides(None) == {}
+  with pytest.raises(ValueError, match="not JSON"):
+    _model_overrides("{rope: 1}")
+  with pytest.raises(ValueError, match=r"unknown: \['rope'\]"):
+    _model_overrides('{"rope": 1}')
+  with pytest.raises(ValueError, match="--mem_layers"):
+    _model_overrides('{"mem_layers": [1]}')

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from fot_jax.inference import MemoryInference, sample
+from fot_jax.inference import MemoryInference, end_aligned, sample
 from fot_jax.model.config import get_size
 from fot_jax.train import init_params
 
@@ -18,27 +18,45 @@ def _infer(mode="dense", **kw):
   return MemoryInference(cfg, params, window=W, mode=mode, topk=3)
 
 
-@pytest.mark.parametrize("mode,kw", [
-    ("dense", {"mem_positions": "first"}),
+@pytest.mark.parametrize("mode,kw,last", [
+    ("dense", {"mem_positions": "first"}, 0),
+    ("dense", {"mem_positions": "first"}, 3),
     ("topk", {"mem_positions": "none", "mem_layers": (0, 1), "attention_impl": "blockwise",
-              "attention_block": 3}),
+              "attention_block": 3}, None),
 ])
-def test_cached_generation_logits_equal_process(mode, kw):
+def test_cached_generation_logits_equal_process(mode, kw, last):
   """Prompts of different lengths (within the first window, on a boundary, several windows);
-  the new tokens cross window boundaries, so full caches move into memory at different steps."""
+  the new tokens cross window boundaries, so full caches move into memory at different steps.
+  last: the prompt's tokens in the current window (0: windows from token 0, as `process`;
+  None: the default, W - min(new, W // 2) = 2); `process` runs on the row placed the same way."""
   infer = _infer(mode, **kw)
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, infer.cfg.vocab_size, n) for n in (3, 8, 10)]
   new = 7
-  out, logits = infer.generate(prompts, new, return_logits=True)
+  out, logits = infer.generate(prompts, new, return_logits=True, last_context_length=last)
   assert isinstance(out, list) and logits.shape == (3, new, infer.cfg.vocab_size)
+  tail = W - min(new, W // 2) if last is None else last
   for row, prompt, got in zip(out, prompts, logits):
     np.testing.assert_array_equal(row[:len(prompt)], prompt)
     assert len(row) == len(prompt) + new
-    want = infer.process(row[None], infer.new_memory(1))[0]
+    pad = 0 if tail == 0 else int(end_aligned([prompt], W, tail)[2][0])
+    assert pad == (0 if tail == 0 or len(prompt) <= tail else (tail - len(prompt)) % W)
+    placed = np.concatenate([np.zeros(pad, np.int32), row])[None]
+    mask = np.arange(placed.shape[1])[None] >= pad
+    want = infer.process(placed, infer.new_memory(1), mask)[0, pad:]
     np.testing.assert_allclose(got, want[len(prompt) - 1:-1], atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(row[len(prompt):], got.argmax(-1))  # greedy
   assert infer.stats["new_tokens"] == 3 * new and infer.stats["tokens_per_s"] > 0
+
+
+def test_end_aligned_places_the_last_tokens_in_the_last_window():
+  toks, mask, pads = end_aligned([np.arange(1, 11), np.arange(1, 3), np.arange(1, 6)], 4, 3)
+  assert pads.tolist() == [1, 0, 2] and toks.shape == (3, 12)  # 10 -> 1 pad: windows 3 | 4 | 3 real
+  assert toks[0, :4].tolist() == [0, 1, 2, 3] and toks[0, 8:].tolist() == [8, 9, 10, 0]
+  assert mask.sum(1).tolist() == [10, 2, 5] and not mask[0, 0] and not mask[2, :2].any()
+  assert toks[2, 4:7].tolist() == [3, 4, 5]  # the last 3 tokens share the last window
+  with pytest.raises(ValueError, match="last_context_length"):
+    end_aligned([np.arange(3)], 4, 5)
 
 
 def test_prompt_forms_and_sampling():

@@ -17,16 +17,29 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from fot_jax.eval.effective_length import effective_length
+from fot_jax.inference import end_aligned
 
 
 class InferenceModel:
-  """A real model through MemoryInference: fresh memory for every batch of prompts."""
+  """A real model through MemoryInference: fresh memory for every batch of prompts. Each
+  prompt's windows are aligned at its end (`inference.end_aligned`, LongLLaMA's
+  last_context_length = the window), so the question and answer keep a full window of local
+  context, as `generate` gives them; `align_end=False` starts windows at token 0."""
 
-  def __init__(self, inference):
-    self.inference = inference
+  def __init__(self, inference, align_end: bool = True):
+    self.inference, self.align_end = inference, align_end
 
   def logits(self, tokens, mask):
-    return self.inference.process(tokens, self.inference.new_memory(len(tokens)), mask)
+    inf = self.inference
+    if not self.align_end:
+      return inf.process(tokens, inf.new_memory(len(tokens)), mask)
+    lens = np.asarray(mask).sum(1)  # prompts are left-aligned in `tokens` (score's layout)
+    placed, placed_mask, pads = end_aligned([t[:n] for t, n in zip(tokens, lens)], inf.window, inf.window)
+    out = inf.process(placed, inf.new_memory(len(tokens)), placed_mask)
+    logits = np.zeros(tuple(np.shape(tokens)) + out.shape[-1:], out.dtype)
+    for r, (n, p) in enumerate(zip(lens, pads)):
+      logits[r, :n] = out[r, p:p + n]
+    return logits
 
 
 def encode(vocab, prompt: str, answer: str) -> Tuple[np.ndarray, int]:
