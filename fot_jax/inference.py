@@ -221,11 +221,13 @@ class MemoryInference:
     return Memory(self.cfg, batch, self.mem_dtype)
 
   def process(self, tokens, memory: Memory, token_mask=None, want_logits: bool = True,
-              stop_after: Optional[int] = None):
+              stop_after: Optional[int] = None, logits_from: int = 0):
     """tokens [B, L] -> logits [B, L, V] (NumPy; None if not wanted); memory is updated.
 
     Windows start at token 0; the last one is padded to the window length (padding
-    is masked and never enters memory), so every call compiles one shape.
+    is masked and never enters memory), so every call compiles one shape. logits_from: keep
+    only the logits of the windows from the one holding that column on ([B, L - s, V] from
+    that window's start s): a 16K-token batch's full logits are gigabytes at a 49K vocabulary.
     """
     tokens = np.asarray(tokens, np.int32)
     b, length = tokens.shape
@@ -243,7 +245,7 @@ class MemoryInference:
       logits, mem_kv = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),
                                self.cfg, self.mode, self.topk, self.chunk, stop_after, self.recall)
       memory.add(mem_kv, jnp.asarray(msk))
-      if want_logits and logits is not None:
+      if want_logits and logits is not None and start + self.window > logits_from:
         outs.append(np.asarray(logits[:, :n]))
     return np.concatenate(outs, axis=1) if outs else None
 

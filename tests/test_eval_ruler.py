@@ -16,7 +16,7 @@ from data_pipelines import train_tokenizer
 from data_pipelines.vocab import get_vocabulary
 from fot_jax.convert import checkpoint
 from fot_jax.eval import report, ruler, suite
-from fot_jax.inference import MemoryInference
+from fot_jax.inference import MemoryInference, end_aligned
 from fot_jax.model.config import get_size
 from fot_jax.train import init_params
 
@@ -202,8 +202,11 @@ def test_real_tiny_model_through_generate_and_the_suite(tmp_path):
   ids = [np.asarray([BYTE.bos_id] + BYTE.encode(p), np.int32) for p in prompts]
   done = infer.generate(ids, 6)
   assert out == [BYTE.decode(d[len(i):].tolist()) for i, d in zip(ids, done)]
-  for i, d in zip(ids, done):  # greedy: each new token is the argmax of a plain forward pass over what precedes it
-    logits = infer.process(d[None], infer.new_memory(1))[0]
+  for i, d in zip(ids, done):  # greedy: each new token is the argmax of a plain forward pass over what
+    # precedes it, windows placed as generate places them (the prompt's last 16 - 6 tokens in the current one)
+    placed, mask, pads = end_aligned([i], 16, 10)
+    placed = np.concatenate([placed[:, :pads[0] + len(i)], d[None, len(i):]], 1)
+    logits = infer.process(placed, infer.new_memory(1), np.arange(placed.shape[1])[None] >= pads[0])[0, pads[0]:]
     np.testing.assert_array_equal(logits[len(i) - 1:-1].argmax(-1), d[len(i):])
   ck = str(tmp_path / "ckpt")
   checkpoint.save(ck, params, cfg, 16, vocab="byte")

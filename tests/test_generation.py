@@ -95,3 +95,26 @@ def test_approx_topk_mode():
   np.testing.assert_allclose(approx.process(tokens, approx.new_memory(2)), want, atol=1e-5)
   with pytest.raises(ValueError, match="inference.recall"):
     MemoryInference(exact.cfg, exact.params, window=W, mode="approx_topk", recall=1.5)
+
+
+def test_retrieval_scoring_logits_are_the_end_aligned_process_logits():
+  """eval.retrieval.InferenceModel: each row placed so its end fills its last window, and only
+  the windows holding the answers keep logits (process's logits_from)."""
+  from fot_jax.eval.retrieval import InferenceModel
+  infer = _infer()
+  rng = np.random.default_rng(1)
+  lens, starts = (11, 6, 3), (8, 4, 2)
+  toks = np.zeros((3, 11), np.int32)
+  mask = np.zeros((3, 11), bool)
+  for r, n in enumerate(lens):
+    toks[r, :n], mask[r, :n] = rng.integers(0, infer.cfg.vocab_size, n), True
+  got = InferenceModel(infer).answer_logits(toks, mask, starts)
+  for r, (n, s) in enumerate(zip(lens, starts)):
+    pad = (-n) % W if n > W else 0  # 11 -> 1: windows 3 | 4 | 4 tokens
+    placed = np.concatenate([np.zeros(pad, np.int32), toks[r, :n]])[None]
+    want = infer.process(placed, infer.new_memory(1), np.arange(pad + n)[None] >= pad)[0, pad:]
+    assert got[r].shape == (n - s + 1, infer.cfg.vocab_size)
+    np.testing.assert_allclose(got[r], want[s - 1:], atol=1e-5, rtol=1e-5)
+  full = infer.process(toks, infer.new_memory(3), mask)
+  tail = infer.process(toks, infer.new_memory(3), mask, logits_from=5)  # windows from column 4 on
+  np.testing.assert_allclose(tail, full[:, 4:], atol=1e-6)

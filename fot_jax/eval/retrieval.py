@@ -33,13 +33,24 @@ class InferenceModel:
     inf = self.inference
     if not self.align_end:
       return inf.process(tokens, inf.new_memory(len(tokens)), mask)
+    lens = np.asarray(mask).sum(1)
+    return np.stack([np.pad(x, [(0, tokens.shape[1] - len(x)), (0, 0)])
+                     for x in self.answer_logits(tokens, mask, [1] * len(tokens))])
+
+  def answer_logits(self, tokens, mask, starts) -> List[np.ndarray]:
+    """Per row, the logits before each token from starts[r] on ([len - start + 1, V]): only the
+    windows holding them keep logits."""
+    inf = self.inference
     lens = np.asarray(mask).sum(1)  # prompts are left-aligned in `tokens` (score's layout)
-    placed, placed_mask, pads = end_aligned([t[:n] for t, n in zip(tokens, lens)], inf.window, inf.window)
-    out = inf.process(placed, inf.new_memory(len(tokens)), placed_mask)
-    logits = np.zeros(tuple(np.shape(tokens)) + out.shape[-1:], out.dtype)
-    for r, (n, p) in enumerate(zip(lens, pads)):
-      logits[r, :n] = out[r, p:p + n]
-    return logits
+    rows = [np.asarray(t[:n]) for t, n in zip(tokens, lens)]
+    if self.align_end:
+      placed, placed_mask, pads = end_aligned(rows, inf.window, inf.window)
+    else:
+      placed, placed_mask, pads = np.asarray(tokens), np.asarray(mask), np.zeros(len(rows), int)
+    first = int(min(p + s - 1 for p, s in zip(pads, starts)))
+    skip = first // inf.window * inf.window  # the column the kept logits start at
+    out = inf.process(placed, inf.new_memory(len(rows)), placed_mask, logits_from=first)
+    return [out[r, p + s - 1 - skip:p + n - skip] for r, (n, p, s) in enumerate(zip(lens, pads, starts))]
 
 
 def encode(vocab, prompt: str, answer: str) -> Tuple[np.ndarray, int]:
@@ -66,10 +77,14 @@ def score(model, examples: Sequence[Tuple[np.ndarray, int]], batch: int = 8) -> 
     for r, i in enumerate(idx):
       ids = examples[i][0]
       toks[r, :len(ids)], mask[r, :len(ids)] = ids, True
-    logits = model.logits(toks, mask)
+    if hasattr(model, "answer_logits"):  # only the answers' logits (a real model's are large)
+      got = model.answer_logits(toks, mask, [examples[i][1] for i in idx])
+    else:
+      logits = model.logits(toks, mask)
+      got = [logits[r, examples[i][1] - 1:] for r, i in enumerate(idx)]
     for r, i in enumerate(idx):
       ids, start = examples[i]
-      pred = np.argmax(logits[r, start - 1:len(ids) - 1], -1)
+      pred = np.argmax(got[r][:len(ids) - start], -1)
       hits[i] = bool(np.all(pred == ids[start:]))
   return hits
 
