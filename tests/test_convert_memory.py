@@ -44,7 +44,8 @@ def test_generate_follows_memory_inference(tmp_path):
   make_hf(tmp_path / "hf")
   model = fot_jax.from_pretrained(str(tmp_path / "hf"), mem_layers=(1,))
   prompt = np.random.default_rng(2).integers(0, VOCAB, (2, WINDOW + 3))
-  out = model.generate(prompt, max_new_tokens=2 * WINDOW)  # crosses two window boundaries
+  # crosses two window boundaries; windows from token 0, as logits_with_memory places them
+  out = model.generate(prompt, max_new_tokens=2 * WINDOW, last_context_length=0)
   assert out.shape == (2, 3 * WINDOW + 3) and np.array_equal(out[:, :WINDOW + 3], prompt)
   logits = model.logits_with_memory(out)
   np.testing.assert_array_equal(logits[:, WINDOW + 2:-1].argmax(-1), out[:, WINDOW + 3:])
