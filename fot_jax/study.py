@@ -57,11 +57,11 @@ class PlainInference:
     from fot_jax.inference import Memory
     return Memory(self.cfg, batch)
 
-  def process(self, tokens, memory, token_mask=None, want_logits: bool = True):
+  def process(self, tokens, memory, token_mask=None, want_logits: bool = True, logits_from: int = 0):
     from fot_jax.inference import MemoryInference
     width = plain_width(int(np.shape(tokens)[1]), self.pad)
     return MemoryInference(self.cfg, self.params, width, "dense", 1, self.chunk).process(
-        tokens, memory, token_mask, want_logits)
+        tokens, memory, token_mask, want_logits, logits_from=logits_from)
 
 
 def plain_width(t: int, pad: int) -> int:

@@ -43,12 +43,12 @@ class InferenceModel:
     inf = self.inference
     lens = np.asarray(mask).sum(1)  # prompts are left-aligned in `tokens` (score's layout)
     rows = [np.asarray(t[:n]) for t, n in zip(tokens, lens)]
-    if self.align_end:
+    if self.align_end and inf.window:  # window 0: one window as wide as the input (study.PlainInference)
       placed, placed_mask, pads = end_aligned(rows, inf.window, inf.window)
     else:
       placed, placed_mask, pads = np.asarray(tokens), np.asarray(mask), np.zeros(len(rows), int)
     first = int(min(p + s - 1 for p, s in zip(pads, starts)))
-    skip = first // inf.window * inf.window  # the column the kept logits start at
+    skip = first // inf.window * inf.window if inf.window else 0  # the column the kept logits start at
     out = inf.process(placed, inf.new_memory(len(rows)), placed_mask, logits_from=first)
     return [out[r, p + s - 1 - skip:p + n - skip] for r, (n, p, s) in enumerate(zip(lens, pads, starts))]
 
