@@ -18,7 +18,8 @@ What the model may learn from, and what it must not (docs/retrieval.md):
 * No evaluation template: the phrases of `fot_jax.eval` prompts (passkey, NIAH, the RULER-style
   suite) never occur here (tests/test_retrieval_docs.py checks generated documents).
 * A `text_slots` share of the slots is natural text from an LM task (the slot batcher, resumable),
-  scored on its last `text_scored_windows` windows only, so the language is kept.
+  scored on its last `text_scored_windows` windows, so the language is kept (every window: also
+  the first ones, read with no memory, which a document's first window at inference is).
 
 Batch n is a pure function of (seed, n) for the retrieval slots; the text slots' state is the
 slot batcher's.
@@ -163,6 +164,8 @@ class RetrievalSpec:
     if not 0.0 <= self.memory_fraction <= 1.0 or not 0.0 <= self.text_slots < 1.0:
       raise ValueError(f"{where}: memory_fraction in [0, 1] and text_slots in [0, 1) expected, got "
                        f"{self.memory_fraction} / {self.text_slots}")
+    if self.text_scored_windows < 1:
+      raise ValueError(f"{where}.text_scored_windows: must be >= 1, got {self.text_scored_windows}")
     if self.text_slots and not self.text_task:
       raise ValueError(f"{where}: text_slots={self.text_slots} needs a text_task")
 
@@ -301,7 +304,7 @@ class RetrievalBatches:
     if self.n_text:
       text = self.text(step)
       lm = np.array(text["loss_mask"]).reshape(self.n_text, k, t)
-      lm[:, :k - self.spec.text_scored_windows] = False  # the last windows: text read with memory
+      lm[:, :max(0, k - self.spec.text_scored_windows)] = False  # the last windows (all: also those without memory)
       text = dict(text, loss_mask=lm.reshape(-1, t), accuracy_mask=np.zeros((self.n_text * k, t), bool),
                   doc_ids=np.where(np.asarray(text["doc_ids"]) < 0, -1, np.asarray(text["doc_ids"], np.int64) + 2 ** 40))
       batch = {f: np.concatenate([batch[f], np.asarray(text[f]).astype(batch[f].dtype)]) for f in batch}
