@@ -161,14 +161,6 @@ def sample(logits, rng, temperature: float = 0.0, top_p: float = 1.0):
   return out
 
 
-def _start_aligned(rows, w):
-  width = -(-max(len(r) for r in rows) // w) * w
-  toks = np.zeros((len(rows), width), np.int32)
-  for i, r in enumerate(rows):
-    toks[i, :len(r)] = r
-  return toks, np.arange(width)[None, :] < np.array([len(r) for r in rows])[:, None]
-
-
 def _prompt_rows(prompt):
   """-> (list of 1-D int32 prompts, '1d' | '2d' | 'list')."""
   if isinstance(prompt, (list, tuple)) and len(prompt) and np.ndim(prompt[0]) == 1:
@@ -194,12 +186,17 @@ def end_aligned(rows: List[np.ndarray], window: int, tail: int):
     raise ValueError(f"inference: last_context_length must be in 1..window ({window}), got {tail}")
   lens = np.array([len(r) for r in rows])
   pads = np.where(lens > tail, (tail - lens) % window, 0)
-  width = -(-int((lens + pads).max()) // window) * window
+  return (*_place(rows, window, pads), pads)
+
+
+def _place(rows, window: int, pads):
+  """Each row at its pad offset, masked elsewhere, in a width that is a multiple of the window."""
+  width = -(-int(max(len(r) + p for r, p in zip(rows, pads))) // window) * window
   toks = np.zeros((len(rows), width), np.int32)
   mask = np.zeros((len(rows), width), bool)
   for i, (r, p) in enumerate(zip(rows, pads)):
     toks[i, p:p + len(r)], mask[i, p:p + len(r)] = r, True
-  return toks, mask, pads
+  return toks, mask
 
 
 class MemoryInference:
@@ -273,7 +270,8 @@ class MemoryInference:
     if last_context_length is None:
       last_context_length = w - min(max_new_tokens, w // 2)
     if last_context_length == 0:  # windows from token 0, as `process`
-      (toks, mask), pads = _start_aligned(rows, w), np.zeros(batch, int)
+      pads = np.zeros(batch, int)
+      toks, mask = _place(rows, w, pads)
     else:
       toks, mask, pads = end_aligned(rows, w, last_context_length)
     lens = np.array([len(r) for r in rows])

@@ -33,7 +33,6 @@ class InferenceModel:
     inf = self.inference
     if not self.align_end:
       return inf.process(tokens, inf.new_memory(len(tokens)), mask)
-    lens = np.asarray(mask).sum(1)
     return np.stack([np.pad(x, [(0, tokens.shape[1] - len(x)), (0, 0)])
                      for x in self.answer_logits(tokens, mask, [1] * len(tokens))])
 
