@@ -1,0 +1,36 @@
+"""One line for an expected failure at the command line, a traceback for a bug.
+
+Every entry point (fot_jax.main, fot_jax.evaluate, fot_jax.convert, fot_jax.study,
+data_pipelines.preview) runs its body through `expected_errors`: a bad input (a missing file, a
+config value out of range, a checkpoint that does not restore) raises one of EXPECTED with a
+message that names the input and what is wrong, and the user sees `PROG: message` and exit
+status 2. Anything else is a bug and keeps its traceback. FOT_JAX_TRACEBACK=1 shows the
+traceback of expected failures too.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+# ValueError covers json.JSONDecodeError, UnicodeDecodeError and convert's ConvertError.
+EXPECTED = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
+            FileExistsError)
+EXIT_STATUS = 2
+
+
+def one_line(e: BaseException) -> str:
+  text = " ".join(str(e).split()) or type(e).__name__
+  return text
+
+
+@contextlib.contextmanager
+def expected_errors(prog: str):
+  """with expected_errors('fot_jax.main'): ... -> an EXPECTED error exits with `prog: message`."""
+  try:
+    yield
+  except EXPECTED as e:
+    if os.environ.get("FOT_JAX_TRACEBACK"):
+      raise
+    print(f"{prog}: {one_line(e)}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_STATUS)

@@ -1,0 +1,45 @@
+"""JSON files that are never half written, and read errors that name the file.
+
+A result written in place and cut by a crash (preemption, OOM kill) leaves a truncated file
+that a later read reports only as "Expecting value: line 1 column 1"; `write_json` writes a
+temporary file in the same directory and renames it over the target (atomic on POSIX), so a
+reader sees the old file or the new one, never a part.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+
+def write_json(path: str, obj: Any, indent: int = 1, **kwargs) -> None:
+  """json.dump(obj) to `path` atomically (temporary file + os.replace)."""
+  path = os.fspath(path)
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(obj, f, indent=indent, **kwargs)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def read_json(path: str, what: str = "JSON file") -> Any:
+  """json.load(path); a missing or malformed file raises an error naming it (ValueError /
+  FileNotFoundError, which the command-line entry points print as one line)."""
+  path = os.fspath(path)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{what} {path} does not exist") from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{what} {path} is not valid JSON ({e}); a run cut while writing it? "
+                     f"Delete it to recompute") from None
