@@ -23,6 +23,15 @@ def _is_token_task(provider) -> bool:
   return tasks.TOKENS in provider.output_features
 
 
+def _lacks(task: seqio.Task, split: str) -> bool:
+  """Does the task lack the split? False when its splits cannot be listed (TFDS data not
+  prepared: reading it fails then, naming the dataset)."""
+  try:
+    return split not in task.splits
+  except Exception:  # noqa: BLE001 (tfds raises its own kinds for missing data)
+    return False
+
+
 def document_tokens(task: str, vocab: seqio.Vocabulary, split: str = "train", seed: Optional[int] = 0,
                     epoch: int = 0, skip: int = 0, shard_info: Optional[seqio.ShardInfo] = None,
                     shuffle: bool = True) -> Iterator[np.ndarray]:
@@ -33,10 +42,17 @@ def document_tokens(task: str, vocab: seqio.Vocabulary, split: str = "train", se
     raise ValueError(f"data.vocab: task {task!r} holds {'token ids' if token_task else 'text'}; use "
                      f"{'its own ids (data.vocab=' + repr(task) + ')' if token_task else 'byte or a SentencePiece model'}")
   mixture = isinstance(provider, seqio.Mixture)
+  if mixture:  # seqio would skip a member without the split, with a warning: the mixture changes silently
+    lacking = [t.name for t in provider.tasks if _lacks(t, split)]
+    if lacking:
+      raise tasks.DataTaskError(f"data task {task!r}: its members {lacking} have no split {split!r} (a mixture "
+                                f"reads a split from every member)")
   try:
     ds = provider.get_dataset(sequence_length=None, split=split, shuffle=shuffle and seed is not None,
                               seed=None if seed is None else seed * 1000 + epoch, shard_info=shard_info,
                               num_epochs=None if mixture else 1, use_cached=False, try_in_mem_cache=False)
+  except tasks.DataTaskError:  # names the task and what is wrong already
+    raise
   except (ValueError, tf.errors.OpError, AssertionError) as e:
     raise ValueError(f"data.task: cannot read {task!r} split {split!r}: {str(e).splitlines()[0]}") from None
   if token_task:
@@ -79,8 +95,8 @@ def lm_batches(task: str, vocab: seqio.Vocabulary, *, slots: int, windows: int, 
                         max_doc_len=max_doc_len, repeat=repeat, shard_index=shard_info.index,
                         num_shards=shard_info.num_shards, name=where,
                         identity={"task": task, "split": split, "seed": seed, "vocab_size": vocab.vocab_size},
+                        bad_input=lambda: tasks.bad_input(task),  # reader-level counts (files, JSON lines)
                         **ids)
-  batcher.bad_input = lambda: tasks.bad_input(task)  # reader-level counts (files, JSON lines)
   return batcher
 
 

@@ -4,14 +4,19 @@ python -m data_pipelines.preview --task=stdlib --slots=4 --windows=2 --seq_len=6
 
 Text: per batch, one line per row (slot, window, document ids in the row, a decoded snippet).
 JSON (--json): one object per batch with, per row, its slot, window, document ids per token
-and the text.
+and the text. --split=validation shows a task's held-out documents (data_pipelines.tasks).
+
+A bad input (an unknown task, a pattern matching nothing, a split the task lacks, a missing
+vocabulary file) ends in one line `data_pipelines.preview: message` and exit status 2
+(fot_jax.cli.expected_errors).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
+
+from fot_jax.cli import expected_errors
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -80,11 +85,9 @@ def main(argv=None):
   p.add_argument("--min_doc_len", type=int, default=1)
   p.add_argument("--json", action="store_true", help="one JSON object per batch, doc_ids per row")
   a = p.parse_args(argv)
-  try:
+  with expected_errors("data_pipelines.preview"):
     print(preview(a.task, a.slots, a.windows, a.seq_len, a.batches, a.vocab, a.split, a.seed, a.min_doc_len,
                   a.json))
-  except ValueError as e:
-    sys.exit(f"preview: {e}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Doc-pinned slot batching (DESIGN.md, crossbatch contract), resumable.
+"""Doc-pinned slot batching (docs/semantics.md, "Crossbatch (training)"), resumable.
 
 A host builds `slots` slots; each slot is one token stream made of whole documents,
 each written `bos doc eos` (LongLLaMA: the bos target is unscored, the eos target is
@@ -38,8 +38,9 @@ class EmptySourceError(ValueError):
 class _DocReader:
   """Numbered documents epoch after epoch; can reopen at any earlier document index."""
 
-  def __init__(self, open_epoch, repeat: bool, name: str):
+  def __init__(self, open_epoch, repeat: bool, name: str, explain: Optional[Callable[[], str]] = None):
     self.open_epoch, self.repeat, self.name = open_epoch, repeat, name
+    self.explain = explain  # -> more words for the empty-source error ('' for none)
     self.epoch_starts = [0]  # local index of each epoch's first document
     self.next_index = 0
     self.done = False
@@ -60,8 +61,9 @@ class _DocReader:
         self.next_index += 1
         return self.next_index - 1, doc
       if self.next_index == self.epoch_starts[self._epoch]:
+        more = self.explain() if self.explain else ""
         raise EmptySourceError(f"data: {self.name} yielded no documents (epoch {self._epoch}); "
-                               f"check the task name, split and paths")
+                               f"check the task name, split and paths" + (f"; {more}" if more else ""))
       if not self.repeat:
         self.done = True
         return None
@@ -77,7 +79,9 @@ class SlotBatcher:
   def __init__(self, open_epoch: Callable[[int, int], Iterator[np.ndarray]], *, slots: int, windows: int,
                window: int, bos: int, eos: int, pad: int = 0, min_doc_len: int = 1, max_doc_len: int = 0,
                repeat: bool = True, shard_index: int = 0, num_shards: int = 1, name: str = "source",
-               identity: Optional[dict] = None):
+               identity: Optional[dict] = None, bad_input: Optional[Callable] = None):
+    """bad_input: () -> the source's reader counters (sources.BadInputStats), kept as
+    `self.bad_input` and named in the error of a source that yields nothing."""
     for field, v in (("slots", slots), ("windows_per_slot", windows), ("window", window)):
       if v <= 0:
         raise ValueError(f"data.{field}: must be positive, got {v}")
@@ -86,7 +90,10 @@ class SlotBatcher:
     self.min_doc_len, self.max_doc_len = max(int(min_doc_len), 1), int(max_doc_len)
     self.shard_index, self.num_shards, self.name = shard_index, num_shards, name
     self.identity = dict(identity or {})
-    self.reader = _DocReader(open_epoch, repeat, name)
+    if bad_input is not None:
+      self.bad_input = bad_input
+    explain = (lambda: "bad input: " + bad_input().report() if bad_input().counts else "") if bad_input else None
+    self.reader = _DocReader(open_epoch, repeat, name, explain)
     self.stats = collections.Counter()
     self.next_step = 0
     # Per slot: deque of [local index, tokens (bos doc eos), offset]; tokens before offset are consumed.

@@ -6,6 +6,13 @@ files, invalid UTF-8 (skipped, or decoded with replacement characters) and
 documents longer than `max_bytes` (truncated) are counted in a `BadInputStats`,
 which the pipeline reports. A source that matches no file fails when opened,
 naming the pattern.
+
+Held-out split: `heldout(key, percent)` puts a document in `validation` when the first byte of
+the SHA-256 of its key, scaled to 0-99, is below `percent` (5 by default: 13 of the 256 byte
+values, 5.1%), else in `train`. The key of a file is its path relative to the corpus root (the
+pattern's leading directories without wildcards: `split_paths`), the key of a JSON line its
+bytes, so a document's split never depends on which other files or lines exist, and identical
+JSON lines always fall in the same split.
 """
 from __future__ import annotations
 
@@ -22,6 +29,12 @@ from typing import Iterator, List, Optional
 import numpy as np
 
 BAD_INPUT_KINDS = ("unreadable", "empty", "invalid_utf8", "truncated", "bad_json", "missing_field")
+SPLITS = ("train", "validation")
+HELDOUT_PERCENT = 5  # share of documents in `validation` (stdlib, files:, jsonl:)
+
+
+class DataTaskError(ValueError):
+  """A task that cannot be read as asked (no file matches, no such split); names the task."""
 
 
 class BadInputStats:
@@ -53,6 +66,43 @@ def expand(pattern: str, suffixes=None) -> List[str]:
   if suffixes:
     paths = [p for p in paths if p.endswith(tuple(suffixes))]
   return sorted(paths)
+
+
+def heldout(key, percent: float) -> bool:
+  """Is the document with this key (str or bytes) in the held-out `validation` split?"""
+  if isinstance(key, str):
+    key = key.encode("utf-8", errors="surrogatepass")
+  return hashlib.sha256(key).digest()[0] * 100 // 256 < percent
+
+
+def check_split(split: str, percent: float, what: str):
+  """A split of a held-out corpus: 'train' always, 'validation' when percent > 0."""
+  if not 0 <= percent < 100:
+    raise DataTaskError(f"{what}: heldout_percent must be in [0, 100), got {percent!r}")
+  have = SPLITS if percent > 0 else SPLITS[:1]
+  if split not in have:
+    raise DataTaskError(f"{what} has no split {split!r}; its splits: {', '.join(have)}")
+
+
+def pattern_root(pattern: str) -> str:
+  """The corpus root of a pattern: a directory itself, else its leading directories that hold no
+  wildcard (`/data/c/**/*.txt` -> `/data/c`; a single file -> its directory)."""
+  pattern = os.path.expanduser(pattern)
+  if os.path.isdir(pattern):
+    return pattern
+  parts = pattern.split(os.sep)
+  fixed = []
+  for part in parts[:-1]:
+    if glob.has_magic(part):
+      break
+    fixed.append(part)
+  return os.sep.join(fixed) or (os.sep if pattern.startswith(os.sep) else ".")
+
+
+def split_paths(paths: List[str], pattern: str, split: str, percent: float) -> List[str]:
+  """The files of `split`: keyed by their path relative to pattern_root(pattern)."""
+  root = pattern_root(pattern)
+  return [p for p in paths if heldout(os.path.relpath(p, root), percent) == (split == "validation")]
 
 
 def _read_bytes(path: str, stats: BadInputStats) -> Optional[bytes]:
@@ -108,14 +158,20 @@ def text_files(paths: List[str], stats: BadInputStats, seed: Optional[int] = Non
 
 
 def jsonl_files(paths: List[str], field: str, stats: BadInputStats, seed: Optional[int] = None,
-                invalid_utf8: str = "replace", max_bytes: int = 0) -> Iterator[str]:
-  """One document per JSON line, its `field` (files in a seeded order, lines in file order)."""
+                invalid_utf8: str = "replace", max_bytes: int = 0, split: Optional[str] = None,
+                heldout_percent: float = 0) -> Iterator[str]:
+  """One document per JSON line, its `field` (files in a seeded order, lines in file order).
+  split: only the lines of that split (`heldout` keyed by the line's bytes, surrounding
+  whitespace stripped); None: every line."""
   for path in shuffled(paths, seed):
     data = _read_bytes(path, stats)
     if data is None:
       continue
     for n, line in enumerate(data.splitlines(), 1):
-      if not line.strip():
+      line = line.strip()
+      if not line:
+        continue
+      if split is not None and heldout(line, heldout_percent) != (split == "validation"):
         continue
       where = f"{path}:{n}"
       try:
@@ -133,17 +189,13 @@ def jsonl_files(paths: List[str], field: str, stats: BadInputStats, seed: Option
 
 
 # -- the embedded corpus: the Python standard library's own sources ------------
-def stdlib_paths(split: str, heldout_percent: int = 5) -> List[str]:
-  """The stdlib's .py files (not its test suite, not site-packages), split by a hash of the
-  relative path: `validation` is ~heldout_percent% of files, `train` the rest."""
+def stdlib_paths(split: str, heldout_percent: int = HELDOUT_PERCENT) -> List[str]:
+  """The stdlib's .py files (not its test suite, not site-packages), split by `heldout` of the
+  path relative to the stdlib root: `validation` is ~heldout_percent% of files, `train` the rest."""
   root = sysconfig.get_paths()["stdlib"]
   paths = []
   for d, dirs, files in os.walk(root):
     dirs[:] = sorted(x for x in dirs if x not in ("site-packages", "test", "tests", "__pycache__", "idle_test"))
     paths.extend(os.path.join(d, f) for f in files if f.endswith(".py"))
-  def heldout(p):
-    h = hashlib.sha256(os.path.relpath(p, root).encode()).digest()
-    return h[0] * 100 // 256 < heldout_percent
-  if split not in ("train", "validation"):
-    raise ValueError(f"stdlib: split must be 'train' or 'validation', got {split!r}")
-  return sorted(p for p in paths if heldout(p) == (split == "validation"))
+  check_split(split, heldout_percent, "data task 'stdlib'")
+  return sorted(p for p in paths if heldout(os.path.relpath(p, root), heldout_percent) == (split == "validation"))

@@ -17,6 +17,14 @@ Names resolved on first use:
   tfds:NAME          any TFDS text dataset with a `text` field (register_tfds_task for others)
   files:PATTERN      a directory or glob of text files, one document per file (.gz accepted)
   jsonl:PATTERN      JSON-lines files, one document per line's `text` field (.gz accepted)
+Splits: stdlib, files: and jsonl: tasks hold out ~5% of their documents as `validation` and
+train on the rest (`train`), never sharing a document: a file falls in `validation` by a hash
+of its path relative to the corpus root, a JSON line by a hash of its bytes
+(sources.heldout). register_files_task / register_jsonl_task(..., heldout_percent=N) choose
+another share; heldout_percent=0 trains on every document and has no `validation` split. The
+synthetic tasks draw `validation` from another seed; TFDS tasks have the splits of their
+dataset. A split a task lacks fails naming the task and the splits it has (a mixture: naming the
+members that lack it; seqio alone would skip them).
 Mixtures: `register_mixture(name, {task: rate})` (registered: stdlib_copy = stdlib 0.8 + copy_text 0.2); `register_longllama_mixture` reproduces
 LongLLaMA's proportions over whichever of its sources the user has registered.
 """
@@ -39,6 +47,7 @@ _TEXT_FEATURES = {TEXT: seqio.Feature(seqio.PassThroughVocabulary(1), dtype=tf.s
                                       add_eos=False, required=False)}
 _TOKEN_FEATURES = {TOKENS: seqio.Feature(seqio.PassThroughVocabulary(1), dtype=tf.int32, rank=1,
                                          add_eos=False, required=False)}
+DataTaskError = sources.DataTaskError
 BAD_INPUT: Dict[str, sources.BadInputStats] = {}  # task name -> counters of its readers
 _ALIASES: Dict[str, str] = {}  # 'files:/a/b/*.txt' -> the SeqIO-valid name it is registered under
 
@@ -49,9 +58,16 @@ LONGLLAMA_PROPORTIONS = {"arxiv": 0.25, "python": 0.25, "book": 0.10, "common_cr
 
 class _PythonSource(seqio.FunctionDataSource):
   """A FunctionDataSource without seqio's 'uncached function source' warning: our readers
-  shuffle their own file order from the seed, deterministically, every epoch."""
+  shuffle their own file order from the seed, deterministically, every epoch. A split it does
+  not have fails, naming the task (`label`) and its splits."""
+
+  def __init__(self, dataset_fn, splits, label: str):
+    super().__init__(dataset_fn, splits=splits)
+    self.label = label
 
   def get_dataset(self, split="train", shuffle=True, seed=None, shard_info=None, **unused):
+    if split not in self.splits:
+      raise DataTaskError(f"data task {self.label!r} has no split {split!r}; its splits: {', '.join(self.splits)}")
     return self._dataset_fn(split=split, shuffle_files=shuffle, seed=seed)
 
 
@@ -75,33 +91,51 @@ def _register(name: str, source, features=_TEXT_FEATURES, preprocessors=()):
                                 preprocessors=list(preprocessors), shuffle_buffer_size=256)
 
 
-def _files_source(name, pattern, read, invalid_utf8, splits=("train",), suffixes=None):
-  """read(paths, stats, seed) -> texts; the pattern is expanded when an epoch opens."""
+def _files_source(name, pattern, read, invalid_utf8, heldout_percent, label, suffixes=None):
+  """read(paths, split, stats, seed) -> texts of `split`; the pattern is expanded when an epoch opens."""
+  label = label or name
   if invalid_utf8 not in ("replace", "skip"):
-    raise ValueError(f"data task {name!r}: invalid_utf8 must be 'replace' or 'skip', got {invalid_utf8!r}")
+    raise DataTaskError(f"data task {label!r}: invalid_utf8 must be 'replace' or 'skip', got {invalid_utf8!r}")
+  sources.check_split("train", heldout_percent, f"data task {label!r}")  # the share is in range
   stats = BAD_INPUT.setdefault(name, sources.BadInputStats())
 
   def make_texts(split, seed):
     paths = sources.expand(pattern, suffixes)
     if not paths:
-      raise ValueError(f"data task {name!r}: no files match {pattern!r}")
-    return read(paths, stats, seed)
-  return _PythonSource(_text_dataset(make_texts), splits=splits)
+      raise DataTaskError(f"data task {label!r}: no files match {pattern!r}")
+    return read(paths, split, stats, seed)
+  splits = sources.SPLITS if heldout_percent > 0 else sources.SPLITS[:1]
+  return _PythonSource(_text_dataset(make_texts), splits=splits, label=label)
 
 
-def register_files_task(name: str, pattern: str, invalid_utf8: str = "replace", max_bytes: int = 0):
-  """A directory or glob of text/code files, one document per file (gzip by .gz suffix)."""
-  def read(paths, stats, seed):
+def register_files_task(name: str, pattern: str, invalid_utf8: str = "replace", max_bytes: int = 0,
+                        heldout_percent: float = sources.HELDOUT_PERCENT, label: Optional[str] = None):
+  """A directory or glob of text/code files, one document per file (gzip by .gz suffix).
+  `validation` holds the ~heldout_percent% of files whose path relative to the corpus root
+  hashes below it (sources.split_paths), `train` the others; heldout_percent=0: `train` only,
+  every file. label: the name errors use (default `name`)."""
+  def read(paths, split, stats, seed):
+    if heldout_percent > 0:
+      kept = sources.split_paths(paths, pattern, split, heldout_percent)
+      if not kept:
+        raise DataTaskError(f"data task {label or name!r}: none of the {len(paths)} files matching {pattern!r} "
+                            f"is in split {split!r} (validation holds out ~{heldout_percent}% of files by a hash "
+                            f"of their path); add files, or register the task with another heldout_percent")
+      paths = kept
     return sources.text_files(paths, stats, seed, invalid_utf8, max_bytes)
-  return _register(name, _files_source(name, pattern, read, invalid_utf8))
+  return _register(name, _files_source(name, pattern, read, invalid_utf8, heldout_percent, label))
 
 
 def register_jsonl_task(name: str, pattern: str, field: str = "text", invalid_utf8: str = "replace",
-                        max_bytes: int = 0):
-  """JSON-lines files (gzip by .gz suffix), one document per line's `field`."""
-  def read(paths, stats, seed):
-    return sources.jsonl_files(paths, field, stats, seed, invalid_utf8, max_bytes)
-  return _register(name, _files_source(name, pattern, read, invalid_utf8))
+                        max_bytes: int = 0, heldout_percent: float = sources.HELDOUT_PERCENT,
+                        label: Optional[str] = None):
+  """JSON-lines files (gzip by .gz suffix), one document per line's `field`. `validation` holds
+  the ~heldout_percent% of lines whose bytes hash below it, `train` the others, from every file;
+  heldout_percent=0: `train` only, every line. label: the name errors use (default `name`)."""
+  def read(paths, split, stats, seed):
+    return sources.jsonl_files(paths, field, stats, seed, invalid_utf8, max_bytes,
+                               split=split if heldout_percent > 0 else None, heldout_percent=heldout_percent)
+  return _register(name, _files_source(name, pattern, read, invalid_utf8, heldout_percent, label))
 
 
 def register_tfds_task(name: str, tfds_name: str, text_key: str = "text", data_dir: Optional[str] = None):
@@ -112,15 +146,15 @@ def register_tfds_task(name: str, tfds_name: str, text_key: str = "text", data_d
                    preprocessors=pre)
 
 
-def register_stdlib_task(name: str = "stdlib", heldout_percent: int = 5):
+def register_stdlib_task(name: str = "stdlib", heldout_percent: int = sources.HELDOUT_PERCENT):
   stats = BAD_INPUT.setdefault(name, sources.BadInputStats())
 
   def make_texts(split, seed):
     paths = sources.stdlib_paths(split, heldout_percent)
     if not paths:
-      raise ValueError(f"data task {name!r}: no stdlib .py files found for split {split!r}")
+      raise DataTaskError(f"data task {name!r}: no stdlib .py files found for split {split!r}")
     return sources.text_files(paths, stats, seed)
-  return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
+  return _register(name, _PythonSource(_text_dataset(make_texts), splits=sources.SPLITS, label=name))
 
 
 def register_dictionary_task(name: str = "dictionary_lookup", task: DictionaryTask = DictionaryTask(),
@@ -133,7 +167,7 @@ def register_dictionary_task(name: str = "dictionary_lookup", task: DictionaryTa
       for _ in range(docs_per_epoch):
         yield {TOKENS: task.document(rng)["tokens"].astype(np.int32)}
     return tf.data.Dataset.from_generator(gen, output_signature={TOKENS: tf.TensorSpec((None,), tf.int32)})
-  return _register(name, _PythonSource(dataset_fn, splits=("train", "validation")), features=_TOKEN_FEATURES)
+  return _register(name, _PythonSource(dataset_fn, splits=sources.SPLITS, label=name), features=_TOKEN_FEATURES)
 
 
 def register_passkey_task(name: str = "passkey", filler_repeats: int = 200, docs_per_epoch: int = 10000,
@@ -145,7 +179,7 @@ def register_passkey_task(name: str = "passkey", filler_repeats: int = 200, docs
     if max_bytes:
       return (passkey.short_passkey_document(rng, max_bytes, min_bytes)["text"] for _ in range(docs_per_epoch))
     return (passkey.passkey_document(rng, filler_repeats)["text"] for _ in range(docs_per_epoch))
-  return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
+  return _register(name, _PythonSource(_text_dataset(make_texts), splits=sources.SPLITS, label=name))
 
 
 def register_copy_text_task(name: str = "copy_text", min_span: int = 64, max_span: int = 256,
@@ -153,7 +187,7 @@ def register_copy_text_task(name: str = "copy_text", min_span: int = 64, max_spa
   def make_texts(split, seed):
     rng = np.random.default_rng((0 if seed is None else int(seed)) + (10**6 if split == "validation" else 0))
     return (copy_task.copy_text_document(rng, min_span, max_span) for _ in range(docs_per_epoch))
-  return _register(name, _PythonSource(_text_dataset(make_texts), splits=("train", "validation")))
+  return _register(name, _PythonSource(_text_dataset(make_texts), splits=sources.SPLITS, label=name))
 
 
 def register_mixture(name: str, rates: Dict[str, float]):
@@ -188,9 +222,9 @@ def get_provider(name: str):
     if kind == "tfds" and arg:
       register_tfds_task(alias, arg)
     elif kind == "files" and arg:
-      register_files_task(alias, arg)
+      register_files_task(alias, arg, label=name)
     elif kind == "jsonl" and arg:
-      register_jsonl_task(alias, arg)
+      register_jsonl_task(alias, arg, label=name)
     else:
       raise ValueError(f"data.task: unknown task or mixture {name!r}; registered: "
                        f"{sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))} "

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
+
+from fot_jax.cli import expected_errors
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -62,10 +63,8 @@ def main(argv=None):
   p.add_argument("--max_docs", type=int, default=0, help="0: all documents")
   p.add_argument("--model_type", default="bpe", choices=["bpe", "unigram"])
   a = p.parse_args(argv)
-  try:
+  with expected_errors("data_pipelines.train_tokenizer"):
     path = train_tokenizer(a.task, a.output, a.vocab_size, a.split, a.max_docs, a.model_type)
-  except ValueError as e:
-    sys.exit(str(e))
   print(f"wrote {path}")
 
 

@@ -13,13 +13,14 @@ beside it). Any other path is a SentencePiece `.model` file (e.g. OpenLLaMA's
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional, Sequence
 
 import numpy as np
 import seqio
 import tensorflow as tf
+
+from fot_jax.jsonio import read_json
 
 
 class ByteVocab(seqio.ByteVocabulary):
@@ -134,8 +135,9 @@ class HFVocab(seqio.Vocabulary):
     config_path = os.path.join(os.path.dirname(self.path), "tokenizer_config.json")
     config = {}
     if os.path.isfile(config_path):
-      with open(config_path) as f:
-        config = json.load(f)
+      config = read_json(config_path, "tokenizer config")
+      if not isinstance(config, dict):
+        raise ValueError(f"tokenizer config {config_path} is not a JSON object")
     ids = {}
     for field in ("bos_token", "eos_token", "pad_token", "unk_token"):
       names = [_token_name(config.get(field))] if field in config else list(self.GUESSES.get(field, ()))

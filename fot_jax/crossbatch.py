@@ -6,7 +6,7 @@ windows of batch slot s (row = s * k + j for pack position j). A plan is
   sources:  int32[B, N]  row indices of extra contexts, -1 for none
   positive: bool[B, N]   True where the source is the row's own slot (same stream)
 
-Two notations build plans (DESIGN.md):
+Two notations build plans (docs/semantics.md):
 
 * analysis (d, w): k = w + 1; the last window of each slot sees the w earlier
   windows of its own slot (positives) and the same w windows of d - 1 other slots.

@@ -13,7 +13,7 @@ trains on. Kinds:
             steps reaches `threshold` (the paper's "d=1 until 98% accuracy, then
             d=128"); `max_step` optionally forces the switch by that step.
 * phases:   {'kind': 'phases', 'phases': [P0, P1, ...], 'stop_after_last': True}
-            the general form (DESIGN.md, "Curriculum over tasks"); the kinds above are
+            the general form (docs/semantics.md, "Curriculum"); the kinds above are
             special cases of it. A phase is
               {'name': 'copy', 'task': 'copy', 'spec': S,
                'steps': N}                                 # a fixed number of steps, or

@@ -86,26 +86,24 @@ def _model_overrides(text):
 def main(argv):
   from absl import logging
   logging.set_verbosity(logging.WARNING)
-  from fot_jax.convert.hf_files import ConvertError
+  from fot_jax import cli
   from fot_jax.eval import report
   args = argv[1:]
-  try:
+  with cli.expected_errors("fot_jax.evaluate"):
     if args and args[0] == "compare":
       if len(args) < 2:
-        sys.exit("compare: give one or more workdirs: python -m fot_jax.evaluate compare W1 W2 ...")
+        raise ValueError("compare: give one or more workdirs: python -m fot_jax.evaluate compare W1 W2 ...")
       report.compare(args[1:], _WORKDIR.value or "eval_compare")
       return
     if args:
-      sys.exit(f"fot_jax.evaluate: unexpected arguments {args}; the only command is `compare`")
+      raise ValueError(f"unexpected arguments {args}; the only command is `compare`")
     if not _CHECKPOINT.value or not _WORKDIR.value:
-      sys.exit("fot_jax.evaluate: --checkpoint=PATH and --workdir=DIR are required")
+      raise ValueError("--checkpoint=PATH and --workdir=DIR are required")
     suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
     overrides = {} if _MEM_LAYERS.value is None else {
         "mem_layers": _layers(_MEM_LAYERS.value, _CHECKPOINT.value, _EVAL.value)}
     overrides.update(_model_overrides(_OVERRIDES.value))
     suite_lib.run(_CHECKPOINT.value, suites, _WORKDIR.value, _EVAL.value, _NAME.value, **overrides)
-  except (ValueError, ConvertError) as e:
-    sys.exit(f"evaluate error: {e}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Long-input processing with FoT memory (DESIGN.md, "Inference semantics").
+"""Long-input processing with FoT memory (docs/semantics.md, "Memory (inference)").
 
 Input is processed in windows of the local length. Memory layers attend to the
 causal local window plus the memory; after each window its memory-layer keys

@@ -1,4 +1,4 @@
-"""Every attention implementation equals the reference (DESIGN.md, "One attention path").
+"""Every attention implementation equals the reference (docs/semantics.md, "One attention path").
 
 The op is checked against `dense` on random blocks (causal window with padding,
 fully visible extra contexts, a generation cache's per-row query slots, partials
@@ -44,6 +44,7 @@ def _merged(impl, block, q, k, v, mask, q_pos, ek, ev, emask, positive):
   return mem.finish(mem.merge(local, extra)), mem.finish(local), extra
 
 
+@pytest.mark.optimized_xla
 @pytest.mark.parametrize("block", [3])  # several blocks, a ragged last block
 def test_blockwise_op_equals_dense(block):
   args = _blocks()
@@ -105,6 +106,7 @@ def test_fused_call_layout_and_cpu_fallback():
     ("first", "segments", True, "blockwise"),
     ("none", "analysis_d3_w1", True, "fused"),  # no kernel on CPU: blockwise
 ])
+@pytest.mark.optimized_xla
 def test_module_blockwise_matches_reference(positions_mode, plan_name, masked, impl):
   plan = PLANS[plan_name]()
   batch = plan.sources.shape[0]
@@ -147,6 +149,7 @@ def test_gating_blockwise_equals_dense():
   np.testing.assert_allclose(np.where(valid, outs[1], 0), np.where(valid, outs[0], 0), atol=2e-5)
 
 
+@pytest.mark.optimized_xla
 def test_memory_inference_blockwise_equals_dense():
   """The whole model at inference: a blockwise local window merged with dense memory."""
   from fot_jax.inference import MemoryInference
@@ -187,6 +190,7 @@ def test_pack_widths():
     cb.pack_widths(plan.sources, 3)
 
 
+@pytest.mark.optimized_xla
 @pytest.mark.parametrize("impl,device_groups,grad", [("dense", False, False), ("blockwise", True, True)])
 def test_grouped_by_width_equals_padded(impl, device_groups, grad):
   """Static widths (each pack position's rows attend to only their own contexts) give the

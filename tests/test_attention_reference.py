@@ -1,4 +1,4 @@
-"""The FoT memory layer against a NumPy re-derivation of DESIGN.md "Crossbatch semantics".
+"""The FoT memory layer against a NumPy re-derivation of docs/semantics.md, "Crossbatch (training)".
 
 The reference below is written from the design text, row by row and head by head,
 without using any fot_jax code: q/k/v projections (x @ kernel), HF rotate-half RoPE,
@@ -149,6 +149,7 @@ PLANS = {
 
 # ----------------------------------------------------------------------------- forward
 
+@pytest.mark.optimized_xla
 @pytest.mark.parametrize("positions_mode", ["first", "none"])
 @pytest.mark.parametrize("plan_name", sorted(PLANS))
 @pytest.mark.parametrize("masked", [False, True])
@@ -240,6 +241,7 @@ def _weights(batch, mask, rows=None, seed=7):
     ("none", "segments", True, False),
     ("none", "analysis_d3_w1", False, True),
 ])
+@pytest.mark.optimized_xla
 def test_gradients_match_jax_reference(positions_mode, plan_name, masked, stop_gradient):
   plan = PLANS[plan_name]()
   batch = plan.sources.shape[0]
@@ -299,6 +301,7 @@ def test_reference_gradient_against_finite_differences():
       np.testing.assert_allclose(g[row, t, c], fd, rtol=2e-3, atol=2e-5)
 
 
+@pytest.mark.optimized_xla
 def test_gradients_reach_negatives_and_stop_gradient_blocks_them():
   # analysis d=2, w=1, 3 slots: row 1 sees row 0 (positive) and row 2 (negative).
   plan = cb.analysis_plan(6, 2, 1)

@@ -1,4 +1,4 @@
-"""Crossbatch plans (fot_jax/crossbatch.py) against DESIGN.md "Crossbatch semantics".
+"""Crossbatch plans (fot_jax/crossbatch.py) against docs/semantics.md, "Crossbatch (training)".
 
 Row r = s * k + j is window j of slot s. A segments pair (p, n) at position j gives
 the p most recent earlier windows of the row's own slot (latest first) as positives,

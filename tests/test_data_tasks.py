@@ -5,6 +5,7 @@ import collections
 import gzip
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -95,7 +96,7 @@ def test_jsonl_task_with_bad_input_is_counted_and_skipped(tmp_path):
     f.write(json.dumps({"body": "no text field"}) + "\n" + json.dumps({"text": ""}) + "\n")
   (d / "b.jsonl").write_text(json.dumps({"text": "second good document"}) + "\n")
   (d / "c.jsonl.gz").write_bytes(b"not gzip at all")
-  tasks.register_jsonl_task("test_jsonl", str(d / "*.jsonl*"))
+  tasks.register_jsonl_task("test_jsonl", str(d / "*.jsonl*"), heldout_percent=0)  # every line in train
   b = _batcher("test_jsonl")
   seen = _documents_seen(_drain(b))
   assert sorted(seen.values()) == ["first good document", "second good document"]
@@ -112,7 +113,8 @@ def test_text_files_bad_input_skip_truncate_and_report(tmp_path):
   (d / "huge.txt").write_text("x" * 5000)
   (d / "ok.txt").write_text("fine text")
   os.symlink(str(d / "missing-target"), str(d / "dangling.txt"))
-  tasks.register_files_task("test_bad_files", str(d / "*.txt"), invalid_utf8="skip", max_bytes=100)
+  tasks.register_files_task("test_bad_files", str(d / "*.txt"), invalid_utf8="skip", max_bytes=100,
+                            heldout_percent=0)  # every file in train
   b = _batcher("test_bad_files")
   seen = sorted(_documents_seen(_drain(b)).values())
   assert seen == ["fine text", "x" * 100]
@@ -223,3 +225,18 @@ def test_short_passkey_documents_fit_their_windows():
   rows = [BYTE.decode([int(t) for t in r if t > 2]) for s in range(6) for r in b(s)["inputs"]]
   share = np.mean(["pass key" in r for r in rows])
   assert 0.05 < share < 0.95, share
+
+
+def test_broken_tokenizer_config_fails_naming_the_file(tmp_path):
+  from tokenizers import Tokenizer, models
+  tok = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "a": 2}, unk_token="a"))
+  tok.save(str(tmp_path / "tokenizer.json"))
+  config = tmp_path / "tokenizer_config.json"
+  config.write_text('{"bos_token": "<s>", ')  # cut while written
+  with pytest.raises(ValueError, match=re.escape(f"tokenizer config {config} is not valid JSON")):
+    get_vocabulary(str(tmp_path / "tokenizer.json"))
+  config.write_text('["<s>"]')
+  with pytest.raises(ValueError, match=re.escape(f"tokenizer config {config} is not a JSON object")):
+    get_vocabulary(str(tmp_path / "tokenizer.json"))
+  config.write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+  assert get_vocabulary(str(tmp_path / "tokenizer.json")).bos_id == 0

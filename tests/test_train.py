@@ -50,6 +50,7 @@ def test_metrics_and_checkpoints_are_written(tmp_path):
   assert (tmp_path / "checkpoints" / "2").exists()
 
 
+@pytest.mark.optimized_xla
 def test_loss_sums_match_numpy():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
@@ -63,6 +64,7 @@ def test_loss_sums_match_numpy():
   assert float(count) == mask.sum()
 
 
+@pytest.mark.optimized_xla
 def test_accumulation_matches_one_batch_without_crossbatch():
   """Without crossbatch, 2 accumulation groups give the same update as one batch."""
   params = init_params(CFG, 0)

@@ -3,11 +3,12 @@ runs (one table per suite, a column per run, shared plots)."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Dict, List
 
 import numpy as np
+
+from fot_jax import jsonio
 
 Runs = Dict[str, dict]  # run name -> one suite's result JSON
 
@@ -20,8 +21,9 @@ def load_runs(workdirs: List[str]) -> Dict[str, Runs]:
     if not files:
       raise ValueError(f"compare: {w} holds no eval/*.json; run `python -m fot_jax.evaluate --workdir {w}` first")
     for path in files:
-      with open(path) as f:
-        res = json.load(f)
+      res = jsonio.read_json(path, "evaluation result")
+      if not isinstance(res, dict) or "suite" not in res:
+        raise ValueError(f"compare: {path} is not an evaluation result (no 'suite' field)")
       name = res.get("name") or os.path.basename(os.path.normpath(w))
       runs = out.setdefault(res["suite"], {})
       if name in runs:  # two workdirs evaluated checkpoints of the same name

@@ -10,13 +10,14 @@ the layers picked for memory) needs no memory.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Dict, List
 
 import ml_collections
 import numpy as np
+
+from fot_jax import jsonio
 
 SUITES = ("ppl", "rd", "passkey", "niah", "dict", "ruler", "heads")
 
@@ -229,8 +230,7 @@ def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections
                seconds=time.time() - t0,
                config={k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in config.items()
                        if k not in SUITES or k == suite})
-    with open(os.path.join(out_dir, f"{suite}.json"), "w") as f:
-      json.dump(res, f, indent=1)
+    jsonio.write_json(os.path.join(out_dir, f"{suite}.json"), res)
     report.plot_suite(suite, {ctx.name: res}, out_dir)
     results[suite] = res
     print(f"[{ctx.name}] suite {suite} done in {res['seconds']:.0f}s -> {out_dir}/{suite}.json", flush=True)

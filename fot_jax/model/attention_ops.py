@@ -2,7 +2,7 @@
 
 `attend` reduces one block of keys (the causal local window, the crossbatch
 contexts, a generation cache) to a `memory.Partial`, so any mix of blocks stays
-one softmax (DESIGN.md, "One attention path"). Implementations:
+one softmax (docs/semantics.md, "One attention path"). Implementations:
 
 * `dense`: the reference; materialises the float32 scores [B, KV, G, T, S].
 * `blockwise`: streams key/value blocks of `block` keys with the running max /
