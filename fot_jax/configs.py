@@ -171,6 +171,8 @@ def validate_lm(config, check_data: bool = True) -> None:
   no data)."""
   cfg = model_config(config)
   d, t = config.data, config.train
+  if check_data and t.get("init_from"):  # a file-system check: before the data's imports
+    check_init_from(str(t.init_from))
   if check_data:
     from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
     vocab = vocab_lib.get_vocabulary(d.vocab)
@@ -219,9 +221,6 @@ def validate_lm(config, check_data: bool = True) -> None:
   crossbatch.scored_rows(rows, k, t.loss_on)
   from fot_jax.train import resolve_trainable  # a pattern that matches no parameter fails here
   resolve_trainable(t.get("trainable"), cfg)
-  if check_data and t.get("init_from") and not os.path.exists(str(t.init_from)):
-    raise ValueError(f"train.init_from: no checkpoint at {t.init_from!r} (make one with "
-                     f"`python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`)")
   ev = config.eval
   if ev.doc_mode != "single_doc":
     raise ValueError(f"eval.doc_mode: only 'single_doc' is implemented, got {ev.doc_mode!r}")
@@ -231,6 +230,38 @@ def validate_lm(config, check_data: bool = True) -> None:
     raise ValueError(f"eval.memory_tokens / eval.score_tokens: must be >= 0 / > 0, got "
                      f"{list(ev.memory_tokens)} / {ev.score_tokens}")
   validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
+
+
+INIT_FROM_HINT = ("make one with `python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`, or give a "
+                  "training arm's workdir such as runs/NAME/fot")
+
+
+def check_init_from(path: str) -> None:
+  """`train.init_from` looks like an fot_jax checkpoint (a directory with a readable
+  fot_jax_model.json and parameters), so a wrong path fails before any data is read or step
+  compiled; the parameters themselves are checked when they are loaded."""
+  import json
+  if not os.path.exists(path):
+    raise ValueError(f"train.init_from: no checkpoint at {path!r} ({INIT_FROM_HINT})")
+  if not os.path.isdir(path):
+    raise ValueError(f"train.init_from: {path!r} is a file, not an fot_jax checkpoint directory ({INIT_FROM_HINT})")
+  model_json = os.path.join(path, "fot_jax_model.json")
+  if not os.path.isfile(model_json):
+    found = sorted(os.listdir(path))
+    raise ValueError(f"train.init_from: {path!r} is not an fot_jax checkpoint: it has no fot_jax_model.json "
+                     f"({'it is empty' if not found else 'found ' + ', '.join(found[:5])}; {INIT_FROM_HINT})")
+  try:
+    with open(model_json) as f:
+      info = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"train.init_from: {model_json} is not valid JSON ({e})") from None
+  if not isinstance(info, dict) or not isinstance(info.get("model"), dict):
+    raise ValueError(f"train.init_from: {model_json} holds no 'model' object of ModelConfig fields")
+  ckpts = os.path.join(path, "checkpoints")
+  if not os.path.isdir(os.path.join(path, "params")) and not (
+      os.path.isdir(ckpts) and any(d.isdigit() for d in os.listdir(ckpts))):
+    raise ValueError(f"train.init_from: {path!r} holds no parameters (neither params/ from import_hf nor "
+                     f"checkpoints/STEP/ from a training run)")
 
 
 def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch") -> None:

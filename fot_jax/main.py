@@ -5,12 +5,13 @@ Every host runs the same command; process 0 alone logs and writes results.
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from fot_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (one get_config()).",
                                           lock_config=True)
@@ -38,7 +39,7 @@ def _plan_devices(config) -> int:
   if _PLAN_DEVICES.value:
     return _PLAN_DEVICES.value
   if -1 in sizes:
-    sys.exit("--mode=plan: a mesh size is -1; give the device count with --plan_devices=N")
+    raise ValueError("--mode=plan: a mesh size is -1; give the device count with --plan_devices=N")
   n = 1
   for v in sizes + dcn:
     n *= v
@@ -47,9 +48,29 @@ def _plan_devices(config) -> int:
 
 def main(argv):
   del argv
-  if _CONFIG.value is None or (_WORKDIR.value is None and _MODE.value != "plan"):
-    sys.exit("fot_jax.main: both --config=experiments/FILE.py and --workdir=DIR are required")
+  with cli.expected_errors("fot_jax.main"):  # a bad input: `fot_jax.main: message`, exit status 2
+    _main()
+
+
+def _experiment_config():
+  """The --config experiment (with its --config.* overrides); a missing or unloadable file is a
+  FileNotFoundError naming it (config_flags defers its IOError to the first access)."""
+  path = config_flags.get_config_filename(flags.FLAGS["config"])
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"--config={path}: no such experiment file")
   config = _CONFIG.value
+  try:
+    config.get("experiment")
+  except OSError as e:
+    cause = e.__cause__ or e
+    raise FileNotFoundError(f"--config={path}: the experiment file does not load ({cause})") from None
+  return config
+
+
+def _main():
+  if _CONFIG.value is None or (_WORKDIR.value is None and _MODE.value != "plan"):
+    raise ValueError("both --config=experiments/FILE.py and --workdir=DIR are required")
+  config = _experiment_config()
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   from fot_jax import configs  # no jax backend starts before the plan's fake devices are set
@@ -65,13 +86,13 @@ def main(argv):
                                  f" --xla_force_host_platform_device_count={_plan_devices(config)}")
     configs.validate(config, check_data=_MODE.value != "plan")  # a plan reads no data
   except ValueError as e:
-    sys.exit(f"config error: {e}")
+    raise ValueError(f"config error: {e}") from e
   if _MODE.value == "plan":
     from fot_jax import plan
     try:
       print(plan.format_plan(plan.plan(config)), flush=True)
     except ValueError as e:
-      sys.exit(f"config error: {e}")
+      raise ValueError(f"config error: {e}") from e
     return
   from fot_jax import parallel
   parallel.initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

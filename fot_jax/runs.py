@@ -1,7 +1,6 @@
 """Experiment runners behind fot_jax.main."""
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -11,11 +10,11 @@ import numpy as np
 from data_pipelines.copy_task import CopyBatches, CopyTask, RepeatedWindows
 from data_pipelines.dictionary_lookup import DictionaryBatches
 from data_pipelines.retrieval_docs import RetrievalBatches
-from fot_jax import configs
+from fot_jax import configs, jsonio
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import dictionary, perplexity
 from fot_jax.inference import MemoryInference
-from fot_jax.train import train
+from fot_jax.train import NoCheckpoint, train
 
 
 def _arm_train_cfg(config, arm, seed, steps):
@@ -24,6 +23,19 @@ def _arm_train_cfg(config, arm, seed, steps):
           "accum_steps": a.get("accum_steps", 1), "log_every": a.log_every,
           "checkpoint_every": a.checkpoint_every, "optim": config.optim.to_dict(),
           "mesh": config.get("mesh"), "crossbatch_scope": a.get("crossbatch_scope", "batch")}
+
+
+def _dictionary_run_fields(config, arm: str) -> dict:
+  """What defines a dictionary arm's training besides its model, optimiser and train config (the
+  workdir's fingerprint, fot_jax.train.run_fingerprint): the task, the copy warm-up, the arm's
+  window and slots, and the curriculum as configured (the baseline's own is derived from how
+  FoT's ran, so it is FoT's configured one that must not change)."""
+  a = config[arm]
+  fields = {"data": config.data.to_dict(), "warmup": config.warmup.to_dict(),
+            arm: {"window": int(a.window), "slots": int(a.slots)},
+            "curriculum": config.fot.curriculum.to_dict()}
+  fields.setdefault("fot", {})["disjoint_keys"] = bool(config.fot.get("disjoint_keys"))
+  return fields
 
 
 def _dictionary_feeds(config, task, arm, seed, schedule):
@@ -71,14 +83,14 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
     schedule = Schedule(config.fot.curriculum)
     trained[name] = _train_arm(cfg, _arm_train_cfg(config, "fot", seed, config.fot.steps), name, schedule,
                                _dictionary_feeds(config, task, "fot", seed, schedule), os.path.join(workdir, name),
-                               train, "dictionary_lookup", config.fot.window)
+                               train, "dictionary_lookup", config.fot.window, _dictionary_run_fields(config, "fot"))
   if config.baseline.enabled:
     steps_run = trained["fot"]["steps_run"]
     schedule = baseline_schedule(trained["fot"]["phases"], steps_run)
     trained["baseline"] = _train_arm(cfg, _arm_train_cfg(config, "baseline", seeds[0], steps_run), "baseline",
                                      schedule, _dictionary_feeds(config, task, "baseline", seeds[0], schedule),
                                      os.path.join(workdir, "baseline"), train, "dictionary_lookup",
-                                     config.baseline.window)
+                                     config.baseline.window, _dictionary_run_fields(config, "baseline"))
   windows = {name: (config.baseline.window if name == "baseline" else config.fot.window) for name in trained}
   evalset = dictionary.DictionaryEvalSet(task, config.eval.n_docs, max(config.eval.memory_tokens),
                                          config.eval.seed)
@@ -128,16 +140,17 @@ def _dictionary_rd(config, cfg, task, trained):
           for name in ("fot", "baseline") if name in trained}
 
 
-def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab, window: int):
-  if not do_train:
-    ckpt = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(ckpt) or not os.listdir(ckpt):
-      raise SystemExit(f"--mode=evaluate: no checkpoint for '{name}' under {ckpt}; "
-                       f"train first (--mode=train) or point --workdir at a trained run")
-    tc = dict(tc, steps=0)
+def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab, window: int, run_fields: dict):
+  """Trains (or resumes) one arm in its workdir; do_train=False (--mode=evaluate) restores its
+  latest checkpoint and trains nothing, refusing a workdir with no restorable step."""
   vocab = os.path.abspath(vocab) if os.path.isfile(vocab) else vocab  # evaluation finds it from anywhere
   # `window`: the run's local window, recorded for evaluation (not a warm-up phase's own window)
-  out = train(cfg, tc, schedule, batches, workdir, name=name, model_meta={"vocab": vocab, "window": int(window)})
+  try:
+    out = train(cfg, tc, schedule, batches, workdir, name=name, model_meta={"vocab": vocab, "window": int(window)},
+                run_fields=run_fields, restore_only=not do_train)
+  except NoCheckpoint as e:
+    raise NoCheckpoint(f"--mode=evaluate: nothing to evaluate for arm {name!r}: {e}; train first "
+                       f"(--mode=train) or point --workdir at a trained run") from None
   hist = out["history"]
   out["final_accuracy"] = float(np.mean([h["accuracy"] for h in hist[-5:]])) if hist else None
   out["steps_run"] = hist[-1]["step"] if hist else _checkpoint_step(workdir)
@@ -205,9 +218,7 @@ def _write_results(results, workdir, arms):
 
 def _save_and_tabulate(results, workdir, arms, metric, title):
   """results.json, and a table of `metric` against memory tokens per arm on stdout."""
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=1, default=str)
+  jsonio.write_json(os.path.join(workdir, "results.json"), results, default=str)
   width = max(9, *(len(a) for a in arms))
   header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>{width}}" for a in arms)
   lines = [header, "-" * len(header)]
@@ -252,6 +263,16 @@ def _lm_train_cfg(config):
           "crossbatch_scope": t.get("crossbatch_scope", "batch"), "trainable": _trainable_spec(t.get("trainable"))}
 
 
+def _lm_run_fields(config) -> dict:
+  """What defines an LM arm's training besides its model, optimiser and train config (the
+  workdir's fingerprint): the data settings, the copy warm-up, and the curriculum as configured
+  (the no-crossbatch arm's own is derived from how FoT's ran)."""
+  fields = {"data": config.data.to_dict(), "curriculum": config.train.curriculum.to_dict()}
+  if config.get("warmup") is not None:
+    fields["warmup"] = config.warmup.to_dict()
+  return fields
+
+
 def _trainable_spec(spec):
   """train.trainable as plain Python (a ConfigDict field may hold a tuple or a FieldReference)."""
   return spec if spec is None or isinstance(spec, str) else [str(x) for x in spec]
@@ -264,7 +285,7 @@ def lm_eval_docs(config, vocab, need: int):
   docs = pipeline.long_documents(config.data.eval_task, vocab, config.data.eval_split, need,
                                  int(config.eval.n_docs), wrap=(ids["bos"], ids["eos"]))
   if not docs:
-    raise SystemExit(f"eval: no document of {config.data.eval_task!r} split {config.data.eval_split!r} has "
+    raise ValueError(f"eval: no document of {config.data.eval_task!r} split {config.data.eval_split!r} has "
                      f"{need} tokens (max eval.memory_tokens + eval.score_tokens + 1); lower them")
   return docs
 
@@ -330,11 +351,11 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
                 baseline_schedule(trained["fot"]["phases"], trained["fot"]["steps_run"]))
     try:  # one source per data task of the curriculum (a curriculum over tasks has several)
       feeds = {task: lm_feed(config, task, name) for task in set(schedule.tasks())}
-    except ValueError as e:  # missing data, empty source, bad vocabulary: one line, no traceback
-      raise SystemExit(f"data error: {e}") from None
+    except ValueError as e:  # missing data, empty source, bad vocabulary: one line (fot_jax.cli), no traceback
+      raise ValueError(f"data error: {e}") from e
     trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule,
                                feeds[None] if list(feeds) == [None] else feeds, os.path.join(workdir, name), train,
-                               config.data.vocab, config.data.window)
+                               config.data.vocab, config.data.window, _lm_run_fields(config))
     report = {str(task or config.data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}
               for task, b in feeds.items() if hasattr(b, "report")}  # the copy warm-up is synthetic
     for task, r in report.items():

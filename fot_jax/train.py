@@ -1,6 +1,7 @@
 """Train state, FoT train step, training loop, checkpoints and metrics."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -8,6 +9,7 @@ import math
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -21,7 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from fot_jax import crossbatch, parallel
+from fot_jax import crossbatch, jsonio, parallel
 from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel as cp
 from fot_jax.model.config import ModelConfig
@@ -345,6 +347,179 @@ def params_from_checkpoint(path: str, model_cfg: ModelConfig):
   return ck.params
 
 
+# -- the run's fingerprint: a workdir resumes only the run it was started for --------------------
+RUN_FINGERPRINT = "run_fingerprint.json"
+
+# Fields that may change when a workdir resumes: the run's length, bookkeeping, and how a step is
+# computed (the same mathematics on another layout or implementation). Every other field of the
+# fingerprint (run_fingerprint) defines the run; a resume with another value is refused.
+RESUMABLE_FIELDS = {
+    "train.steps": "the run's length: raise it to extend a run (a cosine schedule keeps optim.total_steps)",
+    "train.log_every": "logging cadence",
+    "train.checkpoint_every": "checkpoint cadence",
+    "train.tensorboard": "TensorBoard scalars on or off",
+    "train.mesh": "device mesh sizes and rules (orbax restores into the new shardings)",
+    "model.remat": "rematerialisation (the same gradients, less memory)",
+    "model.attention_impl": "the score/softmax implementation (the same attention)",
+    "model.attention_block": "the blockwise implementation's key block",
+    "model.context_parallel": "the sequence-parallel attention strategy",
+    "model.context_layout": "the tokens' layout over the context axis",
+    "data.eval_task": "held-out documents of the evaluation (LM runs)",
+    "data.eval_split": "held-out split of the evaluation (LM runs)",
+}
+
+
+def _plain_json(x):
+  """x as JSON would give it back (tuples -> lists, ConfigDicts -> dicts, numpy scalars -> numbers)."""
+  def default(o):
+    if hasattr(o, "to_dict"):
+      return o.to_dict()
+    if isinstance(o, np.generic):
+      return o.item()
+    if dataclasses.is_dataclass(o):
+      return dataclasses.asdict(o)
+    return str(o)
+  return json.loads(json.dumps(x, default=default))
+
+
+def run_fingerprint(model_cfg: ModelConfig, train_cfg, schedule: Schedule, run_fields=None) -> dict:
+  """The fields that define a run, in groups: model (every ModelConfig field), optim, train (the
+  train config but optim), curriculum (the schedule's config), and the caller's `run_fields`
+  (the data settings; a group given there replaces the derived one of that name)."""
+  tc = dict(train_cfg)
+  groups = {"model": dataclasses.asdict(model_cfg), "optim": tc.pop("optim", {}), "train": tc,
+            "curriculum": schedule.cfg}
+  groups.update(run_fields or {})
+  return _plain_json(groups)
+
+
+_UNSET = "(unset)"
+
+
+def _leaf_differences(old, new, path):
+  if isinstance(old, dict) and isinstance(new, dict):
+    out = []
+    for k in sorted(set(old) | set(new)):
+      out += _leaf_differences(old.get(k, _UNSET), new.get(k, _UNSET), f"{path}.{k}")
+    return out
+  if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+    return [d for i, (a, b) in enumerate(zip(old, new)) for d in _leaf_differences(a, b, f"{path}[{i}]")]
+  return [] if old == new else [(path, old, new)]
+
+
+def fingerprint_differences(old: dict, new: dict):
+  """[(field, old value, new value)] of the run-defining fields that differ (RESUMABLE_FIELDS
+  left out). A field the old fingerprint lacks (newer code) counts only if its new value is
+  not its default (empty, or ModelConfig's default); a field the new one lacks is not compared."""
+  defaults = _plain_json({f.name: f.default for f in dataclasses.fields(ModelConfig)})
+  out = []
+  for group in sorted(new):
+    old_g, new_g = old.get(group, {}), new[group]
+    if not isinstance(old_g, dict) or not isinstance(new_g, dict):
+      out += _leaf_differences(old_g, new_g, group)
+      continue
+    for field in sorted(new_g):
+      name = f"{group}.{field}"
+      if name in RESUMABLE_FIELDS:
+        continue
+      if field not in old_g:  # recorded by older code: a new field at its default changes nothing
+        value = new_g[field]
+        if value is None or value is False or value in ("", [], {}):
+          continue
+        if group == "model" and defaults.get(field, _UNSET) == value:
+          continue
+      out += _leaf_differences(old_g.get(field, _UNSET), new_g[field], name)
+  return out
+
+
+def _short(value, limit: int = 60) -> str:
+  text = value if value == _UNSET else json.dumps(value, separators=(",", ":"))
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_run_fingerprint(workdir: str, fingerprint: dict, resuming: bool, write: bool = True,
+                          step: int = 0) -> None:
+  """Resuming: the workdir's recorded fingerprint must match `fingerprint` (one ValueError naming
+  every differing field, old -> new); a workdir written before fingerprints records this one.
+  A fresh start records it. Only process 0 writes."""
+  path = os.path.join(workdir, RUN_FINGERPRINT)
+  if resuming and os.path.exists(path):
+    recorded = jsonio.read_json(path, "run fingerprint")
+    diffs = fingerprint_differences(recorded.get("run", {}) if isinstance(recorded, dict) else {}, fingerprint)
+    if diffs:
+      changes = "; ".join(f"{f}: {_short(a)} -> {_short(b)}" for f, a, b in diffs)
+      raise ValueError(f"{workdir} holds a run started with other settings, and resuming it with these would "
+                       f"mix two runs: {changes}. Restore those settings, use another workdir, or delete {path} "
+                       f"to continue this run with the new ones on purpose")
+    return
+  if write and jax.process_index() == 0:
+    jsonio.write_json(path, {"run": fingerprint, "recorded_at_step": int(step),
+                             "resumable": sorted(RESUMABLE_FIELDS)})
+
+
+class NoCheckpoint(FileNotFoundError):
+  """A workdir to restore (evaluation) that holds no restorable checkpoint step."""
+
+
+def _describe_folder(path: str) -> str:
+  if not os.path.isdir(path):
+    return "the folder does not exist"
+  entries = sorted(os.listdir(path))
+  if not entries:
+    return "the folder is empty"
+  return f"it holds only {', '.join(entries[:5])}{' ...' if len(entries) > 5 else ''}"
+
+
+@contextlib.contextmanager
+def _orbax_logs_off():
+  """No absl log lines while orbax opens or restores checkpoints: a damaged step's metadata is
+  logged as an ERROR before the failure that train() reports as one line naming the step."""
+  from absl import logging as absl_logging
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.FATAL)
+  try:
+    yield
+  finally:
+    absl_logging.set_verbosity(verbosity)
+
+
+def _quiet_closed_loop_callbacks():
+  """When a restore fails, tensorstore's reads still in flight post their results to orbax's
+  closed event loop, each printing a 'RuntimeError: Event loop is closed' traceback (an
+  unraisable exception) around the one-line error, during the restore and after it; those alone
+  are dropped. Returns the previous sys.unraisablehook."""
+  previous = sys.unraisablehook
+  if getattr(previous, "_fot_jax_quiet", False):
+    return previous
+
+  def hook(unraisable):
+    if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
+      return
+    previous(unraisable)
+  hook._fot_jax_quiet = True
+  sys.unraisablehook = hook
+  return previous
+
+
+def _restore(manager, step: int, target, ckpt_dir: str):
+  """The train state and extra JSON of `step`; a step that does not restore (files truncated or
+  deleted) is a ValueError naming its folder."""
+  previous_hook = _quiet_closed_loop_callbacks()
+  try:
+    with _orbax_logs_off():  # orbax logs a damaged file's error before raising it
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()))
+    sys.unraisablehook = previous_hook  # restored: nothing is left in flight
+    return restored
+  except Exception as e:  # orbax raises KeyError, ValueError, JSONDecodeError... for a damaged step
+    earlier = [s for s in manager.all_steps() if s < step]
+    hint = (f"delete that folder to resume from step {max(earlier)}" if earlier else
+            "delete that folder to start again")
+    cause = " ".join(str(e).split())[:300]
+    raise ValueError(f"checkpoint {os.path.join(ckpt_dir, str(step))} does not restore "
+                     f"({type(e).__name__}: {cause}); {hint}") from e
+
+
 def _batch_sources(schedule: Schedule, batch_fn) -> Dict[Optional[str], Callable]:
   """{task name: batch function}: a mapping of the curriculum's tasks, or one function (task None)."""
   if not isinstance(batch_fn, Mapping):
@@ -412,7 +587,7 @@ class _PreemptionWatch:
 
 
 def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workdir: str, name: str = "train",
-          init_params_tree=None, model_meta=None) -> Dict[str, Any]:
+          init_params_tree=None, model_meta=None, run_fields=None, restore_only: bool = False) -> Dict[str, Any]:
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds', 'phases'}.
 
   train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
@@ -433,6 +608,11 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   (e.g. the vocabulary trained with, which evaluation then uses; `window`, the local window
   evaluation uses, defaults to the first step's row length, which a warm-up phase with its own
   window does not share with the run).
+  The workdir records the run's fingerprint (run_fingerprint: the model, optimiser, train config
+  and curriculum, with the caller's `run_fields` such as the data settings) at the first start;
+  a resume whose run-defining fields differ (RESUMABLE_FIELDS may change) is refused naming them.
+  restore_only: restore the latest checkpoint and train nothing (evaluation); a workdir with no
+  restorable step raises NoCheckpoint, a step that does not restore a ValueError naming it.
   """
   steps = int(train_cfg["steps"])
   accum = int(train_cfg.get("accum_steps", 1))
@@ -450,26 +630,41 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   _print(f"[{name}] trainable: {n_train:,} of {n_total:,} parameters ({100 * n_train / n_total:.2f}%)"
          + (f": {', '.join(trainable.patterns)}" if trainable else ""))
   abstract, shardings = state_shardings(model_cfg, optimizer, mesh, rules, trainable)
-  manager = _checkpoint_manager(workdir)
-  if init_params_tree is None and train_cfg.get("init_from") and manager.latest_step() is None:
-    init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
-  start = 0
-  if manager.latest_step() is not None:
-    start = manager.latest_step()
-    target = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                    abstract, shardings)
-    restored = manager.restore(start, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()))
-    state = restored["state"]
-    schedule.load_state_dict(restored["extra"]["schedule"])
-    _restore_data(restored["extra"], feeds)
-    _print(f"[{name}] resumed from step {start}")
-  else:
-    state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree,
-                       trainable)
+  ckpt_dir = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  if restore_only and not os.path.isdir(ckpt_dir):  # the manager would create it
+    raise NoCheckpoint(f"{ckpt_dir}: no checkpoint to restore ({_describe_folder(ckpt_dir)})")
+  with _orbax_logs_off():
+    manager = _checkpoint_manager(workdir)
+  try:
+    latest = manager.latest_step()
+    if restore_only and latest is None:
+      raise NoCheckpoint(f"{ckpt_dir}: no restorable checkpoint step ({_describe_folder(ckpt_dir)})")
+    # before anything is restored: a changed model fails here by name, not as a shape error
+    check_run_fingerprint(workdir, run_fingerprint(model_cfg, train_cfg, schedule, run_fields),
+                          resuming=latest is not None, write=not restore_only, step=latest or 0)
+    if init_params_tree is None and train_cfg.get("init_from") and latest is None:
+      init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
+    start = 0
+    if latest is not None:
+      start = latest
+      target = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                      abstract, shardings)
+      restored = _restore(manager, start, target, ckpt_dir)
+      state = restored["state"]
+      schedule.load_state_dict(restored["extra"]["schedule"])
+      _restore_data(restored["extra"], feeds)
+      _print(f"[{name}] resumed from step {start}")
+    else:
+      state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree,
+                         trainable)
+  except BaseException:
+    manager.close()
+    raise
+  if restore_only:
+    steps = start
   step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable)
   batch_sharding = parallel.batch_sharding(mesh, rules)
-  log = MetricsLog(workdir, name, bool(train_cfg.get("tensorboard", True)))
+  log = MetricsLog(workdir, name, bool(train_cfg.get("tensorboard", True)) and not restore_only)
   log_every = int(train_cfg.get("log_every", 10))
   ckpt_every = int(train_cfg.get("checkpoint_every", 0))
   history = []
