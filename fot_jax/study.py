@@ -24,6 +24,9 @@ resumes at the next suite, and adding a suite to `suites` runs only that suite),
 W/study.json, W/study.md (one table) and figures W/study_*.png.
 The base is `base.checkpoint`, or trained first into W/base by `fot_jax.runs.run_lm` from
 `base.train` (an LM experiment config; skipped when W/base already holds the finished run).
+A bad input (a study file that does not load, a method with an unknown key or inference path, an
+unknown suite, a missing base) ends in one line `fot_jax.study: ...` naming it, exit status 2
+(fot_jax.cli); results are written atomically (fot_jax.jsonio).
 """
 from __future__ import annotations
 
@@ -37,19 +40,27 @@ from typing import Dict, List
 
 import numpy as np
 
+from fot_jax.jsonio import read_json, write_json
+
 INFERENCE_PATHS = ("plain", "memory")
 SUITES = ("ppl", "passkey", "niah", "rd")
+METHOD_KEYS = ("name", "inference", "overrides", "window", "finetune")
+CONFIG_KEYS = ("base", "lengths", "methods", "suites", "pad", "ppl", "eval")
 
 
 class PlainInference:
   """MemoryInference's interface for a long-context forward: each `process` call is one window as
   wide as its input rounded up to a multiple of `pad` and of 1/16 of the next power of two (masked
   padding at the end; at most ~6% over), so all suites of a method share a few compiled widths
-  (a power of two would double a 16,390-token prompt to 32,768). (Dynamic NTK measures the padded width.)"""
+  (a power of two would double a 16,390-token prompt to 32,768). (Dynamic NTK measures the padded width.)
+
+  The model is the method's, memory layers included, with an empty memory: what the model
+  computes on the window alone. (A memory layer without memory is not always a plain layer:
+  with mem_positions='none' it applies no RoPE at all, with mem_qk_norm it normalises q and k.)
+  The plain path reads no memory: `memory` is never read or written, so each call sees its own
+  input only, however the caller reuses a memory object."""
 
   def __init__(self, cfg, params, pad: int = 64, chunk: int = 65536):
-    if not (cfg.mem_qk_norm or cfg.mem_gating):  # a plain layer then equals a memory layer without memory
-      cfg = dataclasses.replace(cfg, mem_layers=())
     self.cfg, self.params, self.pad, self.chunk = cfg, params, int(pad), chunk
     self.window = 0
 
@@ -58,10 +69,21 @@ class PlainInference:
     return Memory(self.cfg, batch)
 
   def process(self, tokens, memory, token_mask=None, want_logits: bool = True, logits_from: int = 0):
-    from fot_jax.inference import MemoryInference
-    width = plain_width(int(np.shape(tokens)[1]), self.pad)
-    return MemoryInference(self.cfg, self.params, width, "dense", 1, self.chunk).process(
-        tokens, memory, token_mask, want_logits, logits_from=logits_from)
+    """tokens [B, L] -> logits [B, L, V] of one causal window over the whole input (None if not
+    wanted). `memory` and `logits_from` are accepted for MemoryInference's interface; one window
+    holds every column, so all logits are kept."""
+    import jax.numpy as jnp
+    from fot_jax.inference import forward_window
+    del memory, logits_from
+    tokens = np.asarray(tokens, np.int32)
+    b, t = tokens.shape
+    mask = np.ones((b, t), bool) if token_mask is None else np.asarray(token_mask, bool)
+    width = plain_width(t, self.pad)
+    tok = np.pad(tokens, [(0, 0), (0, width - t)])
+    msk = np.pad(mask, [(0, 0), (0, width - t)])
+    logits, _ = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), None, self.cfg, "dense", 1,
+                               self.chunk)
+    return np.asarray(logits[:, :t]) if want_logits else None
 
 
 def plain_width(t: int, pad: int) -> int:
@@ -266,16 +288,14 @@ def finetune_method(base, method: Dict, config, workdir: str):
   record = {"method": _spec(method), "finetune": s}
   prev = {}
   if os.path.exists(record_path):
-    with open(record_path) as f:
-      prev = json.load(f)
+    prev = read_json(record_path, f"fine-tune record of {name!r}")
   if os.path.isdir(out_dir) and {k_: prev.get(k_) for k_ in record} != record:
     print(f"[study] fine-tune {name}: {out_dir} holds another fine-tune (its settings changed); training again",
           flush=True)
     shutil.rmtree(out_dir)
     prev = {}
   os.makedirs(out_dir, exist_ok=True)
-  with open(record_path, "w") as f:
-    json.dump(dict(prev, **record), f, indent=1)
+  write_json(record_path, dict(prev, **record))
   batches = finetune_batches(base, name, s, window, k)
   tc = {"steps": s["steps"], "seed": int(s["seed"]), "loss_on": "all", "optim": s["optim"],
         "log_every": int(s["log_every"]), "checkpoint_every": int(s["checkpoint_every"]),
@@ -296,8 +316,7 @@ def finetune_method(base, method: Dict, config, workdir: str):
             "tokens_per_step": s["slots"] * s["length"], "window": window, "windows_per_slot": k,
             "final_loss": float(np.mean([h["loss"] for h in hist[-10:]])),
             "final_rd": float(np.mean(rds)) if rds else None, "phases": out["phases"]}
-    with open(record_path, "w") as f:
-      json.dump(dict(record, result=done), f, indent=1)
+    write_json(record_path, dict(record, result=done))
   elif not done:  # finished checkpoints without a record of them (interrupted between the two)
     done = {"seconds": 0.0, "steps": s["steps"], "steps_run_last_session": 0}
   return out["params"], done
@@ -427,13 +446,56 @@ def eval_config(config):
   return e
 
 
-def run(config, workdir: str) -> Dict:
-  from fot_jax.eval import suite as suite_lib
-  names = [m["name"] for m in config.methods]
+def check_config(config) -> None:
+  """The study file's shape, before anything is loaded or trained: its fields, the suites, and
+  every method an entry the study knows (no misspelt key such as 'overides' silently ignored).
+  Errors name the field or the method."""
+  if not hasattr(config, "keys"):
+    raise ValueError(f"study: get_config() returned {config!r}, not a ConfigDict")
+  missing = [k for k in CONFIG_KEYS if k not in config]
+  if missing:
+    raise ValueError(f"study: the study config has no {missing}; a study file sets {list(CONFIG_KEYS)}")
+  unknown = [s for s in config.suites if s not in SUITES]
+  if unknown:
+    raise ValueError(f"study: unknown suite(s) {unknown} in suites; known: {list(SUITES)}")
+  lengths = list(config.lengths)
+  if not lengths or any(isinstance(x, bool) or not isinstance(x, int) or x <= 0 for x in lengths):
+    raise ValueError(f"study: lengths must be positive integers, got {lengths}")
+  methods = list(config.methods)
+  if not methods:
+    raise ValueError("study: no methods")
+  for i, m in enumerate(methods):
+    if not hasattr(m, "keys"):
+      raise ValueError(f"study: method {i} is {m!r}, not a dict of {list(METHOD_KEYS)}")
+    name = m.get("name")
+    if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-." for ch in name) \
+        or name.startswith("."):
+      raise ValueError(f"study: method {i} needs a 'name' of letters, digits, _, - or . (it names its "
+                       f"result files), got {name!r}")
+    unknown = sorted(set(m.keys()) - set(METHOD_KEYS))
+    if unknown:
+      raise ValueError(f"study method {name!r}: unknown key(s) {unknown}; a method has {list(METHOD_KEYS)}")
+    path = m.get("inference", "plain")
+    if path not in INFERENCE_PATHS:
+      raise ValueError(f"study method {name!r}: unknown inference path {path!r}; the paths are "
+                       f"{list(INFERENCE_PATHS)}")
+    if not hasattr(m.get("overrides", {}), "keys"):
+      raise ValueError(f"study method {name!r}: overrides must be a dict of ModelConfig fields, "
+                       f"got {m['overrides']!r}")
+    window = m.get("window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+      raise ValueError(f"study method {name!r}: window must be a positive integer (0: the base's), got {window!r}")
+  names = [m["name"] for m in methods]
   if len(set(names)) != len(names):
     raise ValueError(f"study: method names must be unique, got {names}")
+
+
+def run(config, workdir: str) -> Dict:
+  check_config(config)
   for m in config.methods:  # the fine-tune fields, before a base is trained
     finetune_settings(config, m)
+  from fot_jax.eval import suite as suite_lib
+  names = [m["name"] for m in config.methods]
   t_start = time.time()
   os.makedirs(os.path.join(workdir, "methods"), exist_ok=True)
   base_path = ensure_base(config, workdir)
@@ -452,8 +514,9 @@ def run(config, workdir: str) -> Dict:
     prev = None
     for path in (out, partial):
       if prev is None and os.path.exists(path):
-        with open(path) as f:
-          prev = json.load(f)
+        prev = read_json(path, f"study result of method {name!r}")
+        if not isinstance(prev, dict):
+          raise ValueError(f"study result {path} is not a JSON object; delete it to evaluate {name!r} again")
         # a file from before suites_done was written once all of its settings' suites had run
         prev.setdefault("suites_done", list(prev.get("settings", {}).get("suites", [])))
         if prev.get("method") != _spec(m) or not same_settings(prev.get("settings"), settings(config, m)):
@@ -471,16 +534,14 @@ def run(config, workdir: str) -> Dict:
     wall_before = (prev or {}).get("wall_seconds", 0.0)
 
     def save(res, path=partial, t0=t0, wall_before=wall_before):
-      with open(path, "w") as f:
-        json.dump(dict(res, wall_seconds=wall_before + time.time() - t0), f, indent=1)
+      write_json(path, dict(res, wall_seconds=wall_before + time.time() - t0))
 
     params, ft = finetune_method(base, m, config, workdir) if m.get("finetune") else (None, None)
     res = evaluate_method(base, m, config, params, done=prev, save=save)
     if ft is not None:
       res["finetune"] = ft
     res["wall_seconds"] = wall_before + time.time() - t0  # fine-tune (this session's part) and evaluation
-    with open(out, "w") as f:
-      json.dump(res, f, indent=1)
+    write_json(out, res)
     if os.path.exists(partial):
       os.remove(partial)
     results[name] = res
@@ -493,8 +554,7 @@ def run(config, workdir: str) -> Dict:
            "methods": results, "wall_seconds": time.time() - t_start}
   if "finetune" in config:
     study["finetune"] = _jsonable(config.finetune)
-  with open(os.path.join(workdir, "study.json"), "w") as f:
-    json.dump(study, f, indent=1)
+  write_json(os.path.join(workdir, "study.json"), study)
   with open(os.path.join(workdir, "study.md"), "w") as f:
     f.write(markdown(study))
   plot(study, workdir)
@@ -647,17 +707,66 @@ def plot(study: Dict, workdir: str) -> List[str]:
   return files
 
 
+PROG = "fot_jax.study"
+
+
+def _config_arg(argv) -> str:
+  """The --config value on the command line ('' if none)."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a[len("--config="):]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return ""
+
+
+def parse_flags(argv):
+  """absl's flag parsing, where loading the study file happens (ml_collections), with one line for
+  a failure: a flag error, or the study file raising (e.g. `--config=FILE:ARG` naming an argument
+  its get_config() does not know). FOT_JAX_TRACEBACK=1 keeps the traceback."""
+  from absl import flags
+  from fot_jax import cli
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - only flag parsing and the study file's own code run here
+    if os.environ.get("FOT_JAX_TRACEBACK"):
+      raise
+    if isinstance(e, flags.Error):  # the study file's TypeError / ValueError come wrapped, with its traceback
+      lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+      text = lines[0] + (" " + lines[-1] if len(lines) > 1 else "")
+    else:
+      text = f"--config={_config_arg(argv)}: loading the study file raised {type(e).__name__}: {e}"
+    if "get_config() takes 0 positional arguments" in text:
+      text += f"; {_config_arg(argv).split(':', 1)[0]} takes no ':ARG' after its path"
+    print(f"{PROG}: {cli.one_line(text)}", file=sys.stderr, flush=True)
+    sys.exit(cli.EXIT_STATUS)
+
+
 def main(argv):
-  del argv
   from absl import flags, logging
+  from ml_collections import config_flags
+  from fot_jax import cli
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
-  if f.config is None or not f.workdir:
-    sys.exit("fot_jax.study: --config=experiments/study_*.py and --workdir=DIR are required")
-  try:
-    run(f.config, f.workdir)
-  except ValueError as e:
-    sys.exit(f"study error: {e}")
+  with cli.expected_errors(PROG):
+    if len(argv) > 1:
+      raise ValueError(f"unexpected arguments {argv[1:]}")
+    spec = config_flags.get_config_filename(f["config"]) if f["config"].present else ""
+    path = spec.split(":", 1)[0]  # FILE or FILE:ARG (ARG goes to get_config)
+    if not path or not f.workdir:
+      raise ValueError("--config=experiments/study_*.py and --workdir=DIR are required")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"--config: no study file at {path}")
+    config = f.config
+    try:
+      getattr(config, "methods", None)  # ml_collections defers a study file's own IOError to here
+    except OSError as e:
+      raise ValueError(f"--config={spec}: the study file failed to load: {e}") from None
+    try:
+      check_config(config)
+    except ValueError as e:
+      raise ValueError(f"{spec}: {e}") from None
+    run(config, f.workdir)
 
 
 if __name__ == "__main__":
@@ -666,4 +775,4 @@ if __name__ == "__main__":
   from ml_collections import config_flags
   config_flags.DEFINE_config_file("config", None, "Study file (one get_config()).")
   _flags.DEFINE_string("workdir", None, "Where the base, per-method results, table and figures go.")
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -175,9 +175,11 @@ def test_cli_round_trip_and_error(tmp_path, capsys):
   assert config["mem_layers"] == [0, 1] and config["mem_positionals"] is False
   back = LlamaForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
   assert np.abs(torch_logits(back, TOKENS) - torch_logits(hf, TOKENS)).max() <= 1e-4
+  capsys.readouterr()
   with pytest.raises(SystemExit) as info:
     convert_main(["export_hf", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "out")])
-  assert str(info.value).startswith("convert error: ") and str(tmp_path / "out") in str(info.value)
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and err.startswith("fot_jax.convert: ") and str(tmp_path / "out") in err
 
 
 def test_tokenizer_travels_with_the_checkpoint(tmp_path):

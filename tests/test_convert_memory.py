@@ -117,7 +117,7 @@ def test_verify_export_compares_with_the_torch_reference(tmp_path):
   r = verify_export(str(tmp_path / "ck"), str(tmp_path / "out"), text_path=str(tmp_path / "t.txt"),
                     tokens=3 * WINDOW + 2, vocab="byte")
   assert (r["tokens"], r["window"], r["windows"], r["mem_layers"]) == (3 * WINDOW + 2, WINDOW, 4, [1])
-  assert r["max_abs_logit_diff"] < 1e-4 and r["argmax_agree"] == 1.0
+  assert r["max_abs_logit_diff"] < 1e-4 and r["argmax_agree"] == 1.0 and r["ok"] and not r["failures"]
   assert abs(r["nll_fot_jax"] - r["nll_torch"]) < 1e-5
   fot_jax.from_pretrained(str(tmp_path / "hf"), mem_layers=(0,)).save_hf(str(tmp_path / "other"))
   with pytest.raises(ConvertError, match="memory layers"):

@@ -138,7 +138,7 @@ def test_quantized_gguf(tiny):
   assert np.abs(fot_jax.from_pretrained(path).logits(tokens) - want).max() <= 1e-4
 
 
-def test_refused_gguf(tiny, tmp_path):
+def test_refused_gguf(tiny, tmp_path, capsys):
   d, hf, tok_dir = tiny
   other = write_gguf(tmp_path / "gpt2.gguf", hf, tok_dir, arch="gpt2")
   with pytest.raises(ConvertError, match="architecture 'gpt2'.*not supported"):
@@ -150,8 +150,9 @@ def test_refused_gguf(tiny, tmp_path):
   bad = write_gguf(tmp_path / "q81.gguf", hf, tok_dir, raw={"blk.0.ffn_up.weight": (q81, Q.Q8_1)})
   with pytest.raises(SystemExit) as e:  # the CLI: one line
     convert_main(["import_gguf", "--gguf", bad, "--out", str(tmp_path / "out2")])
-  msg = str(e.value.code)
-  assert msg.startswith("convert error: ") and "\n" not in msg
+  assert e.value.code == 2
+  msg = capsys.readouterr().err
+  assert msg.startswith("fot_jax.convert: ") and msg.count("\n") == 1
   assert "blk.0.ffn_up.weight uses quantization Q8_1" in msg
   with pytest.raises(ConvertError, match="not a readable GGUF file"):
     (tmp_path / "garbage.gguf").write_bytes(b"not a gguf file at all")

@@ -137,6 +137,31 @@ def test_method_overrides_reach_the_model(tiny):
 
 
 
+@pytest.mark.parametrize("positions,qk_norm", [("first", False), ("none", False), ("first", True)],
+                         ids=["first", "none", "first-qk_norm"])
+def test_plain_inference_is_the_model_with_an_empty_memory(positions, qk_norm):
+  """The plain path computes what the model computes on the window alone: the memory layers stay
+  memory layers (with mem_positions='none' one has no RoPE at all, so dropping it would change
+  the logits), and a memory object passed back in is never read."""
+  from fot_jax.inference import MemoryInference
+  cfg = get_size("tiny", vocab_size=64, mem_layers=(1,), mem_positions=positions, mem_qk_norm=qk_norm,
+                 init_std=0.3)  # weights large enough that attention depends on positions
+  params = init_params(cfg, 0)
+  tokens = np.random.default_rng(0).integers(0, 64, (2, 40)).astype(np.int32)
+  direct = np.asarray(LlamaModel(cfg).apply({"params": params}, jnp.asarray(tokens))[0])
+  inf = study.PlainInference(cfg, params, pad=64)  # 40 tokens: one window of 64, padding masked
+  memory = inf.new_memory(2)
+  np.testing.assert_allclose(inf.process(tokens, memory), direct, atol=1e-4, rtol=1e-4)
+  # the same as memory inference's first window (nothing in memory yet)
+  first = MemoryInference(cfg, params, 64)
+  np.testing.assert_allclose(first.process(tokens, first.new_memory(2))[:, :40], direct, atol=1e-4, rtol=1e-4)
+  # a second call with the same memory object: still the window alone
+  np.testing.assert_allclose(inf.process(tokens, memory), direct, atol=1e-4, rtol=1e-4)
+  if positions == "none":  # a plain layer in place of the memory layer differs here
+    plain = LlamaModel(dataclasses.replace(cfg, mem_layers=())).apply({"params": params}, jnp.asarray(tokens))[0]
+    assert np.abs(np.asarray(plain) - direct).max() > 1e-2
+
+
 def _ft_config(c):
   """The tiny study with a fine-tuned memory method (2 steps of 2 slots x 32 tokens: 2 windows of 16
   per slot, d=2) next to the frozen one; and a plain fine-tuned method (1 window of 32 per slot), only

@@ -2,6 +2,10 @@
 python -m fot_jax.convert import_gguf --gguf FILE.gguf --out CKPT [--mem_layers 6,12,18 ...]
 python -m fot_jax.convert export_hf --checkpoint CKPT --out DIR [--dtype bfloat16 ...]
 python -m fot_jax.convert verify_export --checkpoint CKPT --export DIR [--text FILE --tokens N --window W]
+    [--max_logit_diff 1e-3 (float32 exports) --min_argmax_agree 0.98 --max_nll_diff 0.01 (bf16/fp16)]
+
+A bad input ends in one line, `fot_jax.convert: message` naming it, exit status 2 (fot_jax.cli);
+verify_export exits 1 with one line saying what exceeded which tolerance (fot_jax/convert/verify.py).
 """
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from fot_jax.convert import verify  # noqa: E402 - light: numpy only at import
 
 
 def _layers(text: str):
@@ -60,14 +66,25 @@ def _parser() -> argparse.ArgumentParser:
   ver.add_argument("--tokens", type=int, default=512, help="tokens compared (bos included)")
   ver.add_argument("--window", type=int, default=None, help="default: the export's last_context_length")
   ver.add_argument("--vocab", default="", help="vocabulary spec (default: the checkpoint's own)")
+  ver.add_argument("--max_logit_diff", type=float, default=verify.MAX_LOGIT_DIFF,
+                   help="float32 exports: the largest max |logit difference| that passes (default %(default)g)")
+  ver.add_argument("--min_argmax_agree", type=float, default=verify.MIN_ARGMAX_AGREE,
+                   help="bfloat16/float16 exports: the least fraction of equal argmax tokens (default %(default)g)")
+  ver.add_argument("--max_nll_diff", type=float, default=verify.MAX_NLL_DIFF,
+                   help="bfloat16/float16 exports: the largest |mean NLL difference| in nats (default %(default)g)")
   return p
 
 
+PROG = "fot_jax.convert"
+
+
 def main(argv=None) -> None:
+  """Exit status 0: done (verify_export: within its tolerances); 1: verify_export found the export
+  beyond a tolerance (one line on stderr says which); 2: a bad input (one line naming it)."""
   args = _parser().parse_args(argv)
-  from fot_jax.convert.api import export_hf, import_gguf, import_hf
-  from fot_jax.convert.hf_files import ConvertError
-  try:
+  from fot_jax.cli import expected_errors
+  with expected_errors(PROG):
+    from fot_jax.convert.api import export_hf, import_gguf, import_hf
     if args.command in ("import_hf", "import_gguf"):
       src = args.hf_dir if args.command == "import_hf" else args.gguf
       fn = import_hf if args.command == "import_hf" else import_gguf
@@ -76,17 +93,20 @@ def main(argv=None) -> None:
             f"memory layers {list(ck.cfg.mem_layers)}, window {ck.window}, "
             f"tokenizer {ck.meta.get('tokenizer')})")
     elif args.command == "verify_export":
-      from fot_jax.convert.verify import verify_export
-      r = verify_export(args.checkpoint, args.export, text_path=args.text, tokens=args.tokens,
-                        window=args.window, vocab=args.vocab)
-      print(" ".join(f"{k}={v}" for k, v in r.items()))
+      r = verify.verify_export(args.checkpoint, args.export, text_path=args.text, tokens=args.tokens,
+                               window=args.window, vocab=args.vocab, max_logit_diff=args.max_logit_diff,
+                               min_argmax_agree=args.min_argmax_agree, max_nll_diff=args.max_nll_diff)
+      print(" ".join(f"{k}={v}" for k, v in r.items() if k not in ("ok", "failures")), flush=True)
+      if not r["ok"]:
+        print(f"{PROG}: verify_export: {args.export} ({r['export_dtype']}) differs from {args.checkpoint}: "
+              + "; ".join(r["failures"]), file=sys.stderr, flush=True)
+        sys.exit(1)
+      print(f"verify_export: {args.export} ({r['export_dtype']}) reproduces {args.checkpoint} within tolerance")
     else:
       export_hf(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size,
                 fot_jax_only=args.fot_jax_only, window=args.window, tokenizer=args.tokenizer,
                 mem_dtype=args.mem_dtype)
       print(f"exported {args.checkpoint} -> {args.out}")
-  except ConvertError as e:
-    sys.exit(f"convert error: {e}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import json
 import os
 import shutil
 import warnings
@@ -17,6 +16,7 @@ from fot_jax.convert import checkpoint, mapping
 from fot_jax.convert.checkpoint import Checkpoint
 from fot_jax.convert.hf_files import (ConvertError, WeightReader, ensure_empty_dir, parse_size,
                                       read_json, write_safetensors)
+from fot_jax.jsonio import write_json
 
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -37,8 +37,14 @@ def load_hf(hf_dir: str, **overrides) -> Checkpoint:
   hf = read_json(config_path)
   cfg, window = mapping.model_config_from_hf(hf, config_path, **overrides)
   params = mapping.params_from_hf(WeightReader(hf_dir), cfg, config_path)
+  tokenizer = checkpoint.find_tokenizer(hf_dir)
+  if tokenizer:  # imported all the same (another vocabulary may be used); evaluation and export refuse it
+    try:
+      checkpoint.check_tokenizer_fits(tokenizer, cfg.vocab_size, config_path)
+    except ConvertError as e:
+      warnings.warn(str(e), stacklevel=2)
   meta = {"source": os.path.abspath(hf_dir), "hf": {k: hf[k] for k in TOKEN_ID_FIELDS if k in hf},
-          "tokenizer": checkpoint.find_tokenizer(hf_dir)}
+          "tokenizer": tokenizer}
   return Checkpoint(cfg, params, window, meta, os.path.abspath(hf_dir))
 
 
@@ -62,9 +68,16 @@ def load_gguf(path: str, **overrides) -> Checkpoint:
 
 def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
   """HF directory -> fot_jax checkpoint at `out` (a new or empty directory)."""
-  read_json(_hf_config_path(hf_dir))  # a wrong source fails before anything is created
+  config_path = _hf_config_path(hf_dir)  # a wrong config fails before anything is created
+  mapping.model_config_from_hf(read_json(config_path), config_path, **overrides)
+  created = not os.path.exists(out)
   ensure_empty_dir(out)  # and a used output before gigabytes are read
-  ck = load_hf(hf_dir, **overrides)
+  try:
+    ck = load_hf(hf_dir, **overrides)
+  except BaseException:  # unreadable weights: no empty output directory left behind
+    if created and os.path.isdir(out) and not os.listdir(out):
+      os.rmdir(out)
+    raise
   checkpoint.save(out, ck.params, ck.cfg, ck.window, tokenizer=ck.tokenizer_path,
                   source=ck.meta["source"], hf=ck.meta["hf"])
   return ck
@@ -126,15 +139,13 @@ def _write_tokenizer(src: str, out: str, window: int) -> None:
     config = read_json(config_path) if os.path.isfile(config_path) else {}
     config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
     config["model_max_length"] = window
-    with open(config_path, "w") as f:
-      json.dump(config, f, indent=1)
+    write_json(config_path, config)
     return
   special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-  with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-    json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
-               "model_max_length": window, **special}, f, indent=1)
-  with open(os.path.join(out, "special_tokens_map.json"), "w") as f:
-    json.dump(special, f, indent=1)
+  write_json(os.path.join(out, "tokenizer_config.json"),
+             {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+              "model_max_length": window, **special})
+  write_json(os.path.join(out, "special_tokens_map.json"), special)
 
 
 def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", max_shard_size="5GB",
@@ -162,6 +173,8 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
   tokenizer = tokenizer or trained_with or ck.tokenizer_path
   if tokenizer and not os.path.isfile(tokenizer):
     raise ConvertError(f"{tokenizer}: tokenizer file not found")
+  if tokenizer:  # a tokenizer with ids past the embedding would index rows the export lacks
+    checkpoint.check_tokenizer_fits(tokenizer, ck.cfg.vocab_size, ck.path)
   if ck.meta.get("vocab") == "byte" and not tokenizer:
     warnings.warn(f"{ck.path}: trained on the byte vocabulary, which Hugging Face has no tokenizer file "
                   f"for; the export ships none", stacklevel=2)
@@ -169,8 +182,7 @@ def export_hf(source: Union[str, Checkpoint], out: str, dtype: str = "float32", 
   ensure_empty_dir(out)
   write_safetensors(out, mapping.hf_tensors(ck.params, ck.cfg), dtype, max_bytes)
   config = mapping.hf_config(ck.cfg, int(window), dtype, mem_dtype, fot_jax_only, ck.meta.get("hf"))
-  with open(os.path.join(out, "config.json"), "w") as f:
-    json.dump(config, f, indent=2)
+  write_json(os.path.join(out, "config.json"), config, indent=2)
   if tokenizer:
     _write_tokenizer(tokenizer, out, int(window))
   if ck.cfg.mem_positions == "none":

@@ -11,7 +11,7 @@ one: `tokenizer.model` (SentencePiece) or `tokenizer.json` with its `tokenizer_c
 from __future__ import annotations
 
 import dataclasses
-import json
+import numbers
 import os
 import shutil
 from typing import Optional
@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from fot_jax.convert.hf_files import ConvertError, ensure_empty_dir, read_json
+from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
 
 MODEL_JSON = "fot_jax_model.json"
@@ -63,14 +64,35 @@ class Checkpoint:
     return name if os.path.isabs(name) else os.path.join(self.path, name)
 
 
+def tokenizer_size(path: str) -> int:
+  """The number of ids of a tokenizer file (tokenizer.json with its added tokens, or a SentencePiece
+  model), read without the data pipeline's imports."""
+  try:
+    if path.endswith(".json"):
+      from tokenizers import Tokenizer
+      return int(Tokenizer.from_file(path).get_vocab_size(with_added_tokens=True))
+    import sentencepiece as spm
+    return int(spm.SentencePieceProcessor(model_file=path).get_piece_size())
+  except Exception as e:  # noqa: BLE001 - whatever the libraries raise on a bad file
+    kind = "Hugging Face tokenizer.json" if path.endswith(".json") else "SentencePiece model"
+    raise ConvertError(f"{path}: not a readable {kind} ({type(e).__name__}: {e})") from None
+
+
+def check_tokenizer_fits(path: str, vocab_size: int, model: str) -> None:
+  """A tokenizer with more ids than the model's embedding has rows would index rows that do not
+  exist (garbage or a crash, depending on the backend): refused, naming both."""
+  n = tokenizer_size(path)
+  if n > vocab_size:
+    raise ConvertError(f"{path}: the tokenizer has {n} tokens but {model}'s embedding has vocab_size="
+                       f"{vocab_size} rows; use the model's own tokenizer")
+
+
 def write_model_json(directory: str, cfg: ModelConfig, window: Optional[int], **meta) -> None:
-  """Writes fot_jax_model.json (process 0 only); the trainer calls this for its workdir."""
+  """Writes fot_jax_model.json (process 0 only, atomically); the trainer calls this for its workdir."""
   if jax.process_index() != 0:
     return
   from fot_jax.convert.mapping import model_config_dict
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, MODEL_JSON), "w") as f:
-    json.dump({"model": model_config_dict(cfg), "window": window, **meta}, f, indent=1)
+  write_json(os.path.join(directory, MODEL_JSON), {"model": model_config_dict(cfg), "window": window, **meta})
 
 
 def save(path: str, params, cfg: ModelConfig, window: Optional[int], tokenizer: Optional[str] = None,
@@ -85,19 +107,79 @@ def save(path: str, params, cfg: ModelConfig, window: Optional[int], tokenizer: 
   write_model_json(path, cfg, window, tokenizer=name, **meta)
 
 
+def _is_int(v) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_pairs(v) -> bool:  # rope_scaling / position_strategy: a dict, or [key, value] pairs
+  return isinstance(v, dict) or (isinstance(v, (list, tuple)) and all(
+      isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in v))
+
+
+# ModelConfig's field annotations -> (check, what the error says it must be)
+FIELD_TYPES = {
+    "int": (_is_int, "an integer"),
+    "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "Tuple[int, ...]": (lambda v: isinstance(v, (list, tuple)) and all(_is_int(x) for x in v),
+                        "a list of integers"),
+    "Tuple[Tuple[str, Any], ...]": (_is_pairs, "an object"),
+}
+
+
+def check_model_fields(fields: dict, source: str) -> None:
+  """Each ModelConfig field of fot_jax_model.json has its type (no "num_layers": "two"): the error
+  names the file and the field."""
+  for f in dataclasses.fields(ModelConfig):
+    if f.name not in fields:
+      continue
+    annotation, value = str(f.type), fields[f.name]
+    optional = annotation.startswith("Optional[")
+    if optional:
+      annotation = annotation[len("Optional["):-1]
+    if value is None and optional:
+      continue
+    if annotation not in FIELD_TYPES:  # a field of a kind not listed here: ModelConfig checks it
+      continue
+    check, want = FIELD_TYPES[annotation]
+    if value is None or not check(value):
+      raise ConvertError(f"{source}: model.{f.name} must be {want}{' or null' if optional else ''}, "
+                         f"got {value!r}")
+
+
 def _model_config(info: dict, source: str) -> ModelConfig:
-  fields = dict(info.get("model") or {})
+  fields = info.get("model")
+  if not isinstance(fields, dict) or not fields:
+    raise ConvertError(f"{source}: 'model' must be an object of ModelConfig fields, got {fields!r}")
+  fields = dict(fields)
   known = {f.name for f in dataclasses.fields(ModelConfig)}
   unknown = sorted(set(fields) - known)
-  if unknown or not fields:
+  if unknown:
     raise ConvertError(f"{source}: 'model' must hold ModelConfig fields; unknown {unknown}")
+  check_model_fields(fields, source)
   fields["mem_layers"] = tuple(fields.get("mem_layers", ()))
-  cfg = ModelConfig(**fields)
   try:
+    cfg = ModelConfig(**fields)
     cfg.validate()
-  except ValueError as e:
+  except (TypeError, ValueError) as e:  # e.g. a RoPE parameter of the wrong type
     raise ConvertError(f"{source}: {e}") from None
   return cfg
+
+
+def check_model_json(info, source: str) -> None:
+  """fot_jax_model.json's other fields: window a positive integer (or null), tokenizer and vocab
+  strings (or null), hf an object."""
+  if not isinstance(info, dict):
+    raise ConvertError(f"{source}: expected a JSON object, got {type(info).__name__}")
+  window = info.get("window")
+  if window is not None and (not _is_int(window) or window <= 0):
+    raise ConvertError(f"{source}: window must be a positive integer or null, got {window!r}")
+  for field in ("tokenizer", "vocab"):
+    if info.get(field) is not None and not isinstance(info[field], str):
+      raise ConvertError(f"{source}: {field} must be a string or null, got {info[field]!r}")
+  if info.get("hf") is not None and not isinstance(info["hf"], dict):
+    raise ConvertError(f"{source}: hf must be an object, got {info['hf']!r}")
 
 
 def _params_dir(path: str) -> str:
@@ -116,11 +198,15 @@ def load(path: str) -> Checkpoint:
   """Reads an imported checkpoint or a training workdir (its latest step)."""
   import orbax.checkpoint as ocp
   path = os.path.abspath(path)
+  if not os.path.isdir(path):
+    raise ConvertError(f"{path}: " + ("is a file, not an fot_jax checkpoint directory" if os.path.exists(path)
+                                      else "checkpoint directory does not exist"))
   info_path = os.path.join(path, MODEL_JSON)
   if not os.path.isfile(info_path):
     raise ConvertError(f"{info_path}: file not found; {path} is not an fot_jax checkpoint "
                        f"(import one with `python -m fot_jax.convert import_hf`)")
   info = read_json(info_path)
+  check_model_json(info, info_path)
   cfg = _model_config(info, info_path)
   params_dir = _params_dir(path)
   try:

@@ -9,12 +9,13 @@ naming that file (or tensor). torch and safetensors are imported here only.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from typing import Dict, Iterable, Tuple
 
 import numpy as np
+
+from fot_jax import jsonio
 
 
 class ConvertError(ValueError):
@@ -22,13 +23,19 @@ class ConvertError(ValueError):
 
 
 def read_json(path: str) -> dict:
+  """A JSON object from a file (fot_jax.jsonio.read_json); every problem is one ConvertError
+  naming the file."""
   if not os.path.isfile(path):
     raise ConvertError(f"{path}: file not found")
   try:
-    with open(path) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    out = jsonio.read_json(path)
+  except ValueError as e:  # 'JSON file PATH is not valid JSON (...)', without jsonio's advice for results
+    raise ConvertError(str(e).split("; a run cut")[0]) from None
+  except OSError as e:
+    raise ConvertError(f"{path}: unreadable ({e.strerror or e})") from None
+  if not isinstance(out, dict):
+    raise ConvertError(f"{path}: expected a JSON object, got {type(out).__name__}")
+  return out
 
 
 def _is_missing_or_empty(path: str) -> bool:
@@ -174,6 +181,6 @@ def write_safetensors(out_dir: str, tensors: Dict[str, np.ndarray], dtype: str, 
     for name, t in shard.items():
       weight_map[name] = fname
       total += t.numel() * t.element_size()
-  with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  jsonio.write_json(os.path.join(out_dir, "model.safetensors.index.json"),
+                    {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
   return tuple(names)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import warnings
 from typing import Dict, Iterator, Optional, Tuple
 
@@ -102,10 +103,56 @@ def check_llama_like(hf: dict, source: str) -> None:
       raise ConvertError(f"{source}: {field}=true is not supported (fot_jax layers have no biases)")
 
 
+HF_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "max_position_embeddings", "last_context_length",
+                 "original_max_position_embeddings")
+HF_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+HF_BOOL_FIELDS = ("tie_word_embeddings", "mem_positionals", "attention_bias", "mlp_bias")
+
+
+def _is_int(v) -> bool:  # 8, 8.0 (and NumPy's), not True or "8"
+  if isinstance(v, bool):
+    return False
+  return isinstance(v, numbers.Integral) or (isinstance(v, numbers.Real) and float(v).is_integer())
+
+
+def check_hf_types(hf: dict, source: str) -> None:
+  """The config.json fields fot_jax reads have JSON types it can use (a size is a number, not
+  "big"); the error names the file and the field."""
+  def fail(field, want):
+    raise ConvertError(f"{source}: {field} must be {want}, got {hf[field]!r}")
+  for field in HF_INT_FIELDS:
+    if hf.get(field) is not None and not _is_int(hf[field]):
+      fail(field, "an integer")
+  for field in HF_FLOAT_FIELDS:
+    v = hf.get(field)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+      fail(field, "a number")
+  for field in HF_BOOL_FIELDS:
+    if hf.get(field) is not None and not isinstance(hf[field], bool) and hf[field] not in (0, 1):
+      fail(field, "true or false")
+  v = hf.get("mem_layers")
+  if v is not None and not (isinstance(v, list) and all(_is_int(x) for x in v)):
+    fail("mem_layers", "a list of layer numbers")
+  for field in ("rope_scaling", "rope_parameters", "fot_jax"):
+    if hf.get(field) is not None and not isinstance(hf[field], dict):
+      fail(field, "an object")
+
+
 def model_config_from_hf(hf: dict, source: str, **overrides) -> Tuple[ModelConfig, int]:
   """config.json dict -> (ModelConfig, inference window). overrides: ModelConfig fields
   (e.g. mem_layers, mem_positions) that win over what the file says."""
   check_llama_like(hf, source)
+  check_hf_types(hf, source)
+  try:
+    return _model_config_from_hf(hf, source, overrides)
+  except ConvertError:
+    raise
+  except (TypeError, ValueError) as e:  # e.g. a RoPE parameter of the wrong type
+    raise ConvertError(f"{source}: {e}") from None
+
+
+def _model_config_from_hf(hf: dict, source: str, overrides: dict) -> Tuple[ModelConfig, int]:
   try:
     heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
     head_dim = hf.get("head_dim")

@@ -14,14 +14,13 @@ So a user running an exported model in PyTorch gets fot_jax's logits.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
-from fot_jax.convert.hf_files import ConvertError, WeightReader
+from fot_jax.convert.hf_files import ConvertError, WeightReader, read_json
 
 
 def _rms(x, w, eps):
@@ -55,10 +54,23 @@ class TorchMemoryLlama:
   """Exported directory -> logits with memory, in float32 PyTorch."""
 
   def __init__(self, directory: str):
-    with open(os.path.join(directory, "config.json")) as f:
-      self.config = c = json.load(f)
+    config_path = os.path.join(directory, "config.json")
+    self.config = c = read_json(config_path)
     if c.get("fot_jax"):
       raise ConvertError(f"{directory}: an fot_jax-only export; the reference runs plain LLaMA weights")
+    try:
+      self._read_config(c)
+    except KeyError as e:
+      raise ConvertError(f"{config_path}: missing field {e.args[0]}") from None
+    except (TypeError, ValueError) as e:
+      raise ConvertError(f"{config_path}: {e}") from None
+    reader = WeightReader(directory)
+    self.w = {name: torch.from_numpy(reader.get(name)) for name in reader.names()}
+    if c.get("tie_word_embeddings"):
+      self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+
+  def _read_config(self, c: dict):
+    self.vocab_size = int(c["vocab_size"])
     self.layers = c["num_hidden_layers"]
     self.heads, self.kv_heads = c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
     self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
@@ -68,10 +80,6 @@ class TorchMemoryLlama:
     self.window = int(c.get("last_context_length") or c["max_position_embeddings"])  # fot_jax exports both
     self.mem_layers = set(c.get("mem_layers") or ())
     self.mem_positionals = bool(c.get("mem_positionals", True))
-    reader = WeightReader(directory)
-    self.w = {name: torch.from_numpy(reader.get(name)) for name in reader.names()}
-    if c.get("tie_word_embeddings"):
-      self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
   def _attention(self, i, x, memory, rope_len):
     """x [B, T, H*D] (normed); memory (k [B, M, KV, D], v) or None -> (out, (k_mem, v))."""
