@@ -40,14 +40,24 @@ from fot_jax.model.memory import MemoryBlock
 class DictionaryEvalSet:
   """Seeded targets and distractor pool shared by every model evaluated on it."""
 
-  def __init__(self, task: DictionaryTask, n_docs: int, max_context: int, seed: int = 1234):
+  def __init__(self, task: DictionaryTask, n_docs: int, max_context: int, seed: int = 1234,
+               split_keys: bool = False):
+    """split_keys: targets draw their keys from the first half of the key space and distractors
+    from the second, for key spaces too small to keep every target's keys out of the shared
+    distractor pool (64 keys, 64 targets of 16). Default: distractors avoid the targets' keys."""
     if max_context % task.defs_len:
       raise ValueError(f"eval.memory_tokens: {max_context} is not a multiple of the definition "
                        f"block ({task.defs_len} tokens)")
     rng = np.random.default_rng(seed)
     self.task = task
-    self.docs = [task.document(rng) for _ in range(n_docs)]
-    exclude = np.concatenate([task.key_codes(d["keys"]) for d in self.docs])
+    half = np.arange(task.key_space // 2)
+    if split_keys and task.n_defs > len(half):
+      raise ValueError(f"split_keys: a document's {task.n_defs} keys do not fit half of the {task.key_space} keys")
+    self.docs = [task.document(rng, exclude=half + len(half) if split_keys else None) for _ in range(n_docs)]
+    exclude = half if split_keys else np.concatenate([task.key_codes(d["keys"]) for d in self.docs])
+    if len(np.unique(exclude)) >= task.key_space:
+      raise ValueError(f"eval: the {n_docs} targets use every one of the {task.key_space} keys, so no "
+                       f"distractor is left; use fewer targets, a larger key space or split_keys")
     n_defs = max_context // task.def_len
     # Distractor keys may repeat among themselves; none equals a target key, so every
     # query has exactly one answer in memory.
