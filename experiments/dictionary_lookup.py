@@ -77,7 +77,7 @@ def get_config():
   c.eval = ml_collections.ConfigDict({
       # context tokens before the queries (32: only the target's definitions, which fit the
       # baseline's 64-token window; FoT already reads them from memory)
-      "memory_tokens": [32, 256, 1024, 4096, 16384, 65536, 262144, 1048576],
+      "memory_tokens": (32, 256, 1024, 4096, 16384, 65536, 262144, 1048576),
       "n_docs": 16, "mode": "topk", "topk": 32, "batch": 16, "chunk": 8192, "seed": 1234,
       # r_d (positive attention mass) with d documents' definitions in memory (fot_jax.eval.rd)
       "rd_ds": (1, 2, 4, 8, 16, 32, 64),
@@ -98,7 +98,7 @@ def get_test_config():
   phases[0]["max_steps"], phases[1]["max_steps"] = 2, 2
   phases[2]["spec"], phases[2]["steps"] = {"d": 4, "w": 1}, 2
   c.fot.curriculum.phases = phases
-  c.eval.memory_tokens = [256, 1024, 2048]
+  c.eval.memory_tokens = (256, 1024, 2048)
   c.eval.n_docs, c.eval.batch = 4, 4
   c.eval.rd_ds = (1, 2, 4)
   return c

@@ -10,7 +10,7 @@ import numpy as np
 from data_pipelines.copy_task import CopyBatches, CopyTask, RepeatedWindows
 from data_pipelines.dictionary_lookup import DictionaryBatches
 from data_pipelines.retrieval_docs import RetrievalBatches
-from fot_jax import configs, jsonio
+from fot_jax import configs, jsonio, provenance
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import dictionary, perplexity
 from fot_jax.inference import MemoryInference
@@ -106,6 +106,7 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
   results["seeds"] = _seed_summary(results, seeds)
   results["rd"] = _dictionary_rd(config, cfg, task, trained)
   results["wall_seconds"] = time.time() - t_start
+  results["provenance"] = provenance.provenance()
   if jax.process_index() == 0:
     _write_results(results, workdir, [a for a in ("fot", "baseline") if a in results])
   return results
@@ -373,6 +374,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
                final_train_loss=float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None)
     results[name] = res
   results["wall_seconds"] = time.time() - t_start
+  results["provenance"] = provenance.provenance()
   if jax.process_index() == 0:
     _write_lm_results(results, workdir, list(arms), config.data.eval_task)
   return results

@@ -89,6 +89,16 @@ def test_every_experiment_file_validates():
       continue
     local_data = name in ("dictionary_lookup", "stdlib_lm_tiny")
     configs.validate(config, check_data=local_data)
+    # ml_collections overrides tuples from the command line (--config.eval.memory_tokens='(32,4096)')
+    # but refuses lists: a list of numbers or strings in an experiment file cannot be overridden.
+    assert not [path for path, v in _leaves(config) if isinstance(v, list) and v
+                and all(isinstance(x, (int, float, str)) for x in v)], name
+
+
+def _leaves(c, path=""):
+  for k, v in c.items():
+    p = f"{path}.{k}" if path else k
+    yield from (_leaves(v, p) if hasattr(v, "items") and not isinstance(v, dict) else [(p, v)])
 
 
 def _main(*args):
