@@ -32,7 +32,7 @@ def _f(x):
   return f"{x:.3f}"
 
 
-def compare(a: dict, b: dict) -> str:
+def compare(a: dict, b: dict, where: str = None) -> str:
   """One sentence: how far two runs' seed-0 FoT, baseline and r_d numbers differ."""
   diffs, n = [], 0
   for arm in ("fot", "baseline"):
@@ -47,14 +47,15 @@ def compare(a: dict, b: dict) -> str:
           diffs.append(abs(x - y)); n += 1
   same = all(d == 0 for d in diffs)
   pa, pb = a.get("provenance") or {}, b.get("provenance") or {}
-  where = "on the same machine" if pa.get("cpu") == pb.get("cpu") and pa.get("cores") == pb.get("cores") else \
-      "on two machines"
-  return (f"A second run of the same command {where} with the same package versions gave "
+  if where is None:  # from the runs' provenance; a run made before it was recorded says nothing
+    where = ("" if not (pa and pb) else "on the same kind of machine" if
+             (pa.get("cpu"), pa.get("cores")) == (pb.get("cpu"), pb.get("cores")) else "on another kind of machine")
+  return (f"A second run of the same command{' ' + where if where else ''} with the same package versions gave "
           + (f"the same {n} numbers to the last digit (accuracies and r_d)." if same else
              f"numbers that differ by up to {max(diffs):.4f} over {n} accuracies and r_d values."))
 
 
-def block(res: dict, again: dict = None, command: str = "") -> str:
+def block(res: dict, again: dict = None, command: str = "", again_where: str = None) -> str:
   fot, sd = res["fot"], res["seeds"]
   seeds = sd["seeds"]
   has_base = "baseline" in res
@@ -112,7 +113,7 @@ def block(res: dict, again: dict = None, command: str = "") -> str:
           label = "documents sharing no key" if name == "disjoint_keys" else "independent documents"
           lines.append(f"| {arm}, {label} | " + " | ".join(_f(vals[d]) if d in vals else "-" for d in ds) + " |")
   if again is not None:
-    lines += ["", compare(res, again)]
+    lines += ["", compare(res, again, again_where)]
   lines.append(END)
   return "\n".join(lines)
 
@@ -122,9 +123,11 @@ def main(argv=None):
   ap.add_argument("results")
   ap.add_argument("--again", default=None, help="results.json of a second run of the same command")
   ap.add_argument("--command", default="make demo", help="the command that made the run, as the README shows it")
+  ap.add_argument("--again_where", default=None,
+                  help="where the second run ran, e.g. 'on the same machine' (default: from the runs' provenance)")
   ap.add_argument("--write", action="store_true", help="replace the README's demo-figures block")
   args = ap.parse_args(argv)
-  text = block(_load(args.results), _load(args.again) if args.again else None, args.command)
+  text = block(_load(args.results), _load(args.again) if args.again else None, args.command, args.again_where)
   if not args.write:
     print(text)
     return

@@ -33,4 +33,16 @@ def expected_errors(prog: str):
     if os.environ.get("FOT_JAX_TRACEBACK"):
       raise
     print(f"{prog}: {one_line(e)}", file=sys.stderr, flush=True)
+    if _is_main_program(prog):
+      # The process ends here: skip interpreter shutdown, where a tf.data prefetch thread still
+      # waiting on a Python generator can block forever (seen after an error raised once the
+      # data feeds existed). Imported and called in-process (tests), a SystemExit as usual.
+      sys.stdout.flush()
+      os._exit(EXIT_STATUS)
     sys.exit(EXIT_STATUS)
+
+
+def _is_main_program(prog: str) -> bool:
+  """Is `prog` the module python -m ran?"""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  return getattr(spec, "name", None) in (prog, prog + ".__main__")

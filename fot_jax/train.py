@@ -46,7 +46,8 @@ def make_optimizer(opt) -> optax.GradientTransformation:
     sched = optax.join_schedules([optax.linear_schedule(0.0, lr, max(warmup, 1)), optax.constant_schedule(lr)],
                                  [max(warmup, 1)]) if warmup else optax.constant_schedule(lr)
   elif kind == "cosine":
-    sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup, 1), max(int(opt["total_steps"]), warmup + 1),
+    warm = max(warmup, 1)  # optax needs a warmup of at least one step and a decay after it
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warm, max(int(opt["total_steps"]), warm + 1),
                                                end_value=lr * float(opt.get("final_lr_fraction", 0.1)))
   else:
     raise ValueError(f"optim.schedule: must be 'constant' or 'cosine', got {kind!r}")

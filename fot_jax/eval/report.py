@@ -19,7 +19,7 @@ def load_runs(workdirs: List[str]) -> Dict[str, Runs]:
   for w in workdirs:
     files = sorted(glob.glob(os.path.join(w, "eval", "*.json")))
     if not files:
-      raise ValueError(f"compare: {w} holds no eval/*.json; run `python -m fot_jax.evaluate --workdir {w}` first")
+      raise ValueError(f"compare: {w} holds no eval/*.json; run `python -m fot_jax.evaluate --checkpoint CKPT --workdir {w}` first")
     for path in files:
       res = jsonio.read_json(path, "evaluation result")
       if not isinstance(res, dict) or "suite" not in res:
