@@ -33,12 +33,11 @@ def _f(x):
 
 
 def compare(a: dict, b: dict, where: str = None) -> str:
-  """One sentence: how far two runs' seed-0 FoT, baseline and r_d numbers differ."""
+  """One sentence: how far two runs' accuracies (every arm both have) and r_d values differ."""
   diffs, n = [], 0
-  for arm in ("fot", "baseline"):
-    if arm in a and arm in b:
-      for x, y in zip(a[arm]["accuracy"], b[arm]["accuracy"]):
-        diffs.append(abs(x - y)); n += 1
+  for arm in [k for k, v in a.items() if isinstance(v, dict) and "accuracy" in v and k in b]:  # every seed, baseline
+    for x, y in zip(a[arm]["accuracy"], b[arm]["accuracy"]):
+      diffs.append(abs(x - y)); n += 1
   for arm, sets in a.get("rd", {}).items():
     for name, rd in sets.items():
       other = b.get("rd", {}).get(arm, {}).get(name)
@@ -67,7 +66,7 @@ def block(res: dict, again: dict = None, command: str = "", again_where: str = N
   machine = f"{p.get('cores', '?')} cores ({p.get('cpu') or p.get('machine') or '?'})"
   versions = ", ".join(f"{k} {v}" for k, v in (p.get("packages") or {}).items() if k in ("jax", "flax") and v)
   lines.append(f"**Measured {when}** (`{command or 'make demo'}`, commit {commit}, {machine}"
-               + (f", {versions}" if versions else "") + f"; job {res['wall_seconds']:.0f} s; "
+               + (f", {versions}" if versions else "") + f"; the last command's job {res['wall_seconds']:.0f} s; "
                f"`runs/demo/results.json`):")
   lines.append("")
   last = len(mem) - 1
