@@ -149,7 +149,6 @@ PLANS = {
 
 # ----------------------------------------------------------------------------- forward
 
-@pytest.mark.optimized_xla
 @pytest.mark.parametrize("positions_mode", ["first", "none"])
 @pytest.mark.parametrize("plan_name", sorted(PLANS))
 @pytest.mark.parametrize("masked", [False, True])

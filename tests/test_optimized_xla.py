@@ -3,7 +3,8 @@ XLA's default optimisation level: the program users run.
 
 The suite compiles unoptimised (tests/conftest.py: it compiles far more than it runs), but
 XLA's simplifications change numerics, and once hid a NaN in the blockwise gradients. The tests
-marked `optimized_xla` run here in a separate pytest process with XLA_FLAGS empty (the defaults)
+marked `optimized_xla` (the attention implementations against dense and the NumPy reference,
+forward and gradients; the train step's loss sums and gradient accumulation) run here in a separate pytest process with XLA_FLAGS empty (the defaults)
 and a compilation cache of their own, so no program compiled unoptimised is reused.
 """
 import os
@@ -26,4 +27,4 @@ def test_marked_equality_tests_pass_at_the_default_optimisation_level():
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
   summary = proc.stdout.strip().splitlines()[-1]
   assert " passed" in summary and "failed" not in summary and "skipped" not in summary, summary
-  assert int(summary.split(" passed")[0].split()[-1]) >= 10, summary  # the whole marked group ran
+  assert int(summary.split(" passed")[0].split()[-1]) >= 12, summary  # the whole marked group ran
