@@ -5,6 +5,9 @@ Every host runs the same command; process 0 alone logs and writes results.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,9 +22,12 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and 
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "evaluate", "plan"],
                           "train: train (or resume) and evaluate; evaluate: evaluate saved checkpoints; "
                           "plan: parameters, FLOPs and per-device memory of the compiled train step "
-                          "on the configured mesh, compiled for fake CPU devices (allocates nothing).")
+                          "on the configured mesh, compiled for fake CPU devices (allocates nothing), "
+                          "and the largest buffers live at its peak (--plan_top).")
 _PLAN_DEVICES = flags.DEFINE_integer("plan_devices", 0, "--mode=plan: devices to plan for (default: the "
                                      "product of the mesh sizes; needed when one size is -1).")
+_PLAN_TOP = flags.DEFINE_integer("plan_top", 10, "--mode=plan: how many of the largest buffers live at the "
+                                 "step's peak to list (0: none, and no XLA dump).")
 _SWEEP_RUN = flags.DEFINE_string("sweep_run", None, "A run name from the experiment file's get_sweep(): "
                                   "applies its overrides (launch/sweep.py passes it).")
 _DISTRIBUTED = flags.DEFINE_bool("jax_distributed", False, "Start jax.distributed with cluster "
@@ -46,10 +52,17 @@ def _plan_devices(config) -> int:
   return n
 
 
+_REMOVE_AT_END = []  # --mode=plan's XLA dump folder (an error exits with os._exit: no atexit)
+
+
 def main(argv):
   del argv
   with cli.expected_errors("fot_jax.main"):  # a bad input: `fot_jax.main: message`, exit status 2
-    _main()
+    try:
+      _main()
+    finally:
+      for path in _REMOVE_AT_END:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _experiment_config():
@@ -84,13 +97,20 @@ def _main():
       os.environ["JAX_PLATFORMS"] = "cpu"
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count={_plan_devices(config)}")
+      plan_dump = None
+      if _PLAN_TOP.value > 0:  # XLA's buffer assignment and live ranges, read back by plan.largest_buffers
+        given = re.findall(r"--xla_dump_to=(\S+)", os.environ["XLA_FLAGS"])
+        plan_dump = given[-1] if given else tempfile.mkdtemp(prefix="fot_jax_plan_xla_")  # a given one is kept
+        if not given:
+          _REMOVE_AT_END.append(plan_dump)
+        os.environ["XLA_FLAGS"] += f" --xla_dump_to={plan_dump} --xla_dump_hlo_as_text"
     configs.validate(config, check_data=_MODE.value != "plan")  # a plan reads no data
   except ValueError as e:
     raise ValueError(f"config error: {e}") from e
   if _MODE.value == "plan":
     from fot_jax import plan
     try:
-      print(plan.format_plan(plan.plan(config)), flush=True)
+      print(plan.format_plan(plan.plan(config, plan_dump, _PLAN_TOP.value)), flush=True)
     except ValueError as e:
       raise ValueError(f"config error: {e}") from e
     return

@@ -1,4 +1,5 @@
 """launch/: TPU pod dry run for a v4-32, sweep expansion; --mode=plan and its errors."""
+import json
 import math
 import os
 import re
@@ -123,7 +124,70 @@ def test_plan_mode_reports_params_flops_and_memory_without_a_workdir():
   assert "FLOPs per step" in out and "memory per device" in out
 
 
-def test_plan_mode_rejects_a_bad_mesh_before_tracing():
+_TINY_PLAN = ("--config=experiments/dictionary_lookup.py", "--mode=plan", "--config.mesh.data=2",
+              "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+_SIZE = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def test_plan_mode_lists_the_largest_buffers_live_at_the_peak(tmp_path, monkeypatch):
+  """--plan_top=N: a table of the N largest buffers live at the step's peak, largest first, each
+  with its size, kind, shape, live span, HLO instruction and op_name (source); XLA's dump is removed."""
+  monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the plan's XLA dump goes
+  proc = _main(*_TINY_PLAN, "--plan_top=5")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  lines = proc.stdout.splitlines()
+  head = next(i for i, line in enumerate(lines) if line.startswith("largest buffers    live at the step's peak"))
+  m = re.search(r"the temporaries are one ([\d.]+) (\w+) block", lines[head + 1])
+  temporaries = float(m.group(1)) * _SIZE[m.group(2)]
+  assert lines[head + 3].split()[:4] == ["size", "kind", "shape", "live"]
+  rows = [line.split() for line in lines[head + 4:]]
+  assert len(rows) == 5
+  sizes = [float(r[0]) * _SIZE[r[1]] for r in rows]
+  assert sizes == sorted(sizes, reverse=True) and 0 < sizes[0] <= temporaries
+  for r in rows:
+    assert r[2] in ("temporary", "argument", "output", "constant", "thread-local"), r
+    assert re.fullmatch(r"(pred|[sufc]\d+|bf16|f8\w*)\[[\d,]*\]", r[3]), r
+    assert re.fullmatch(r"\d+-\d+%", r[4]), r
+  assert any("jvp(LlamaModel)/" in line and "(fot_jax/model/" in line for line in lines[head + 4:])
+  assert not [f for f in os.listdir(tmp_path) if f.startswith("fot_jax_plan_xla_")]
+
+
+def test_plan_buffers_are_live_together_and_fit_the_memory_analysis(tmp_path):
+  """Every buffer live at the peak, exactly: the temporaries sit at disjoint offsets of XLA's
+  temp block and add up to at most its size, the arguments to at most the step's arguments."""
+  script = """if True:
+    import json, os, sys
+    dump = sys.argv[1]
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    from fot_jax import configs, plan
+    c = configs.load_module("experiments/dictionary_lookup.py").get_config()
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
+    p = plan.plan(c, dump, 10_000)
+    print(json.dumps({"memory": p["memory_per_device"], "buffers": p["largest_buffers"]}))
+  """
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  out = json.loads(proc.stdout.splitlines()[-1])
+  mem, b = out["memory"], out["buffers"]
+  rows = b["buffers"]
+  assert len(rows) == b["live_at_peak"] > 10
+  assert [r["bytes"] for r in rows] == sorted((r["bytes"] for r in rows), reverse=True)
+  assert rows[0]["bytes"] <= mem["total"] and b["peak_bytes"] <= mem["total"]
+  temps = sorted((r["offset"], r["bytes"]) for r in rows if r["kind"] == "temporary")
+  assert len({r["allocation"] for r in rows if r["kind"] == "temporary"}) == 1  # XLA:CPU's one temp block
+  assert all(a + n <= b_ for (a, n), (b_, _) in zip(temps, temps[1:]))  # live together: no shared bytes
+  assert sum(n for _, n in temps) == b["peak_by_kind"]["temporary"] <= mem["temporaries"]
+  assert temps[-1][0] + temps[-1][1] <= mem["temporaries"]
+  assert b["peak_by_kind"]["argument"] <= mem["arguments"]
+  assert all(r["op_name"] for r in rows[:10]), rows[:10]
+
+
+def test_plan_mode_rejects_a_bad_mesh_before_tracing(tmp_path, monkeypatch):
+  monkeypatch.setenv("TMPDIR", str(tmp_path))  # the XLA dump folder is removed on an error too
   proc = _main("--config=experiments/longllama_3b.py", "--mode=plan", "--plan_devices=256",
                "--config.mesh.fsdp=64", "--config.mesh.tensor=2")
   assert proc.returncode != 0
@@ -135,3 +199,4 @@ def test_plan_mode_rejects_a_bad_mesh_before_tracing():
   assert re.search(r"config error: model parameter .*: dimension \d of size 3200 is not divisible by mesh axes "
                    r"fsdp of size 256", proc.stderr)
   assert "Traceback" not in proc.stderr
+  assert not [f for f in os.listdir(tmp_path) if f.startswith("fot_jax_plan_xla_")]
