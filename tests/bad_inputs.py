@@ -99,19 +99,7 @@ def get_config():
   return c
 '''
 
-STUDY = '''import ml_collections
-
-
-def get_config(arm="unknown_inference"):
-  methods = {"unknown_inference": {"name": "m", "inference": "kv"},
-             "misspelt": {"name": "m", "overides": {"mem_layers": (1,)}}}[arm]
-  c = ml_collections.ConfigDict()
-  c.base = ml_collections.ConfigDict({"checkpoint": "/nowhere"})
-  c.lengths, c.suites, c.pad = (32,), ("ppl",), 64
-  c.ppl, c.eval = ml_collections.ConfigDict(), ml_collections.ConfigDict()
-  c.methods = [{"name": "none"}, methods]
-  return c
-'''
+from test_convert_guards import STUDY_FILE as STUDY  # noqa: E402  (its default arm: inference 'kv')
 
 MAIN, EVAL, CONV, STUDY_M = "fot_jax.main", "fot_jax.evaluate", "fot_jax.convert", "fot_jax.study"
 PREVIEW, TOKENIZER = "data_pipelines.preview", "data_pipelines.train_tokenizer"
