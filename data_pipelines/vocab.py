@@ -135,7 +135,7 @@ class HFVocab(seqio.Vocabulary):
     config_path = os.path.join(os.path.dirname(self.path), "tokenizer_config.json")
     config = {}
     if os.path.isfile(config_path):
-      config = read_json(config_path, "tokenizer config")
+      config = read_json(config_path, "tokenizer config", hint="")
       if not isinstance(config, dict):
         raise ValueError(f"tokenizer config {config_path} is not a JSON object")
     ids = {}

@@ -19,9 +19,9 @@ EXPECTED = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError
 EXIT_STATUS = 2
 
 
-def one_line(e: BaseException) -> str:
-  text = " ".join(str(e).split()) or type(e).__name__
-  return text
+def one_line(e) -> str:
+  """An exception's (or a text's) message on one line, whitespace runs folded."""
+  return " ".join(str(e).split()) or type(e).__name__
 
 
 @contextlib.contextmanager
@@ -32,14 +32,19 @@ def expected_errors(prog: str):
   except EXPECTED as e:
     if os.environ.get("FOT_JAX_TRACEBACK"):
       raise
-    print(f"{prog}: {one_line(e)}", file=sys.stderr, flush=True)
-    if _is_main_program(prog):
-      # The process ends here: skip interpreter shutdown, where a tf.data prefetch thread still
-      # waiting on a Python generator can block forever (seen after an error raised once the
-      # data feeds existed). Imported and called in-process (tests), a SystemExit as usual.
-      sys.stdout.flush()
-      os._exit(EXIT_STATUS)
-    sys.exit(EXIT_STATUS)
+    fail(prog, e)
+
+
+def fail(prog: str, message) -> None:
+  """Prints `prog: message` (one line) on stderr and ends with EXIT_STATUS."""
+  print(f"{prog}: {one_line(message)}", file=sys.stderr, flush=True)
+  if _is_main_program(prog):
+    # The process ends here: skip interpreter shutdown, where a tf.data prefetch thread still
+    # waiting on a Python generator can block forever (seen after an error raised once the
+    # data feeds existed). Imported and called in-process (tests), a SystemExit as usual.
+    sys.stdout.flush()
+    os._exit(EXIT_STATUS)
+  sys.exit(EXIT_STATUS)
 
 
 def _is_main_program(prog: str) -> bool:

@@ -240,7 +240,7 @@ def check_init_from(path: str) -> None:
   """`train.init_from` looks like an fot_jax checkpoint (a directory with a readable
   fot_jax_model.json and parameters), so a wrong path fails before any data is read or step
   compiled; the parameters themselves are checked when they are loaded."""
-  import json
+  from fot_jax import jsonio
   if not os.path.exists(path):
     raise ValueError(f"train.init_from: no checkpoint at {path!r} ({INIT_FROM_HINT})")
   if not os.path.isdir(path):
@@ -250,11 +250,7 @@ def check_init_from(path: str) -> None:
     found = sorted(os.listdir(path))
     raise ValueError(f"train.init_from: {path!r} is not an fot_jax checkpoint: it has no fot_jax_model.json "
                      f"({'it is empty' if not found else 'found ' + ', '.join(found[:5])}; {INIT_FROM_HINT})")
-  try:
-    with open(model_json) as f:
-      info = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"train.init_from: {model_json} is not valid JSON ({e})") from None
+  info = jsonio.read_json(model_json, "train.init_from:", hint="")
   if not isinstance(info, dict) or not isinstance(info.get("model"), dict):
     raise ValueError(f"train.init_from: {model_json} holds no 'model' object of ModelConfig fields")
   ckpts = os.path.join(path, "checkpoints")

@@ -31,9 +31,13 @@ def write_json(path: str, obj: Any, indent: int = 1, **kwargs) -> None:
     raise
 
 
-def read_json(path: str, what: str = "JSON file") -> Any:
+RESULT_HINT = "a run cut while writing it? Delete it to recompute"
+
+
+def read_json(path: str, what: str = "JSON file", hint: str = RESULT_HINT) -> Any:
   """json.load(path); a missing or malformed file raises an error naming it (ValueError /
-  FileNotFoundError, which the command-line entry points print as one line)."""
+  FileNotFoundError, which the command-line entry points print as one line). hint: what to do
+  about a malformed file (default: a result's; '' for none, e.g. a config the user wrote)."""
   path = os.fspath(path)
   try:
     with open(path) as f:
@@ -41,5 +45,4 @@ def read_json(path: str, what: str = "JSON file") -> Any:
   except FileNotFoundError:
     raise FileNotFoundError(f"{what} {path} does not exist") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{what} {path} is not valid JSON ({e}); a run cut while writing it? "
-                     f"Delete it to recompute") from None
+    raise ValueError(f"{what} {path} is not valid JSON ({e})" + (f"; {hint}" if hint else "")) from None

@@ -34,7 +34,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import time
 from typing import Dict, List
 
@@ -738,8 +737,7 @@ def parse_flags(argv):
       text = f"--config={_config_arg(argv)}: loading the study file raised {type(e).__name__}: {e}"
     if "get_config() takes 0 positional arguments" in text:
       text += f"; {_config_arg(argv).split(':', 1)[0]} takes no ':ARG' after its path"
-    print(f"{PROG}: {cli.one_line(text)}", file=sys.stderr, flush=True)
-    sys.exit(cli.EXIT_STATUS)
+    cli.fail(PROG, text)
 
 
 def main(argv):

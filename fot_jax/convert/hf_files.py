@@ -28,9 +28,9 @@ def read_json(path: str) -> dict:
   if not os.path.isfile(path):
     raise ConvertError(f"{path}: file not found")
   try:
-    out = jsonio.read_json(path)
-  except ValueError as e:  # 'JSON file PATH is not valid JSON (...)', without jsonio's advice for results
-    raise ConvertError(str(e).split("; a run cut")[0]) from None
+    out = jsonio.read_json(path, hint="")
+  except ValueError as e:  # 'JSON file PATH is not valid JSON (...)'
+    raise ConvertError(str(e)) from None
   except OSError as e:
     raise ConvertError(f"{path}: unreadable ({e.strerror or e})") from None
   if not isinstance(out, dict):
