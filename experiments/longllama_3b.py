@@ -17,6 +17,9 @@ SEGMENTS = [(0, 0), (1, 1), (2, 1), (3, 0)]
 def get_config():
   c = base_config()
   c.model.size = "openllama_3b"
+  # Streamed attention (O(T x block) scores, crossbatch sources read inside its scan): the
+  # dense reference needs 55 GiB per device here (docs/scale_out.md, "What fills memory").
+  c.model.overrides.attention_impl = "blockwise"
   c.data.task, c.data.eval_task = "longllama", "pg19"  # the RedPajama + Python mixture (data_pipelines.tasks)
   c.data.vocab = "checkpoints/open_llama_3b/tokenizer.model"
   c.data.slots, c.data.windows_per_slot, c.data.window = 32, len(SEGMENTS), 2048

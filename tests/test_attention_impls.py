@@ -74,6 +74,50 @@ def test_blockwise_op_equals_dense(block):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("block", [2, 12])  # key blocks within a window; two whole windows a step
+def test_sources_read_in_scan_equal_dense_over_gathered_copies(block):
+  """attend_sources (crossbatch sources read by index inside the scan) against `dense` over
+  each row's gathered copies: forward, positive mass and gradients, with dead columns (-1),
+  a row with no source, a source shared by two rows (its gradients add up), padded keys
+  and a ragged last key block (or a ragged last group of columns)."""
+  rng = np.random.default_rng(3)
+  bk, s, w = 4, 5, 3
+  f = lambda *shape: jnp.asarray(rng.normal(0, 1, shape), jnp.float32)
+  q, k, v = f(B, T, KV, G, D), f(bk, s, KV, D), f(bk, s, KV, D)
+  kmask = np.ones((bk, s), bool)
+  kmask[2, 3:] = False
+  sources = jnp.asarray([[1, 2, -1], [-1, -1, -1], [2, 0, 3]], jnp.int32)
+  positive = jnp.asarray([[True, False, False], [False] * 3, [False, True, True]])
+
+  def gathered(q, k, v):
+    idx = jnp.maximum(sources, 0)
+    ek, ev = (x[idx].reshape(B, w * s, KV, D) for x in (k, v))
+    emask = ((sources >= 0)[..., None] & jnp.asarray(kmask)[idx]).reshape(B, w * s)
+    epos = jnp.repeat(positive, s, axis=1)
+    return ops.attend(q, ek, ev, emask, positive=epos, impl="dense")
+
+  read = lambda q, k, v: ops.attend_sources(q, k, v, jnp.asarray(kmask), sources, positive, block=block)
+  got, want = jax.jit(read)(q, k, v), gathered(q, k, v)
+  live = np.asarray(want.l > 0)
+  assert live[0].all() and not live[1].any()
+  np.testing.assert_array_equal(np.asarray(got.l > 0), live)
+  live_out = live.transpose(0, 3, 1, 2)[..., None]  # finish() is [B, T, KV, G, D]
+  np.testing.assert_allclose(np.where(live_out, mem.finish(got), 0),
+                             np.where(live_out, mem.finish(want), 0), atol=1e-5)
+  ratio = lambda p: np.where(live, p.pos / jnp.maximum(p.l, 1e-30), 0)
+  np.testing.assert_allclose(ratio(got), ratio(want), atol=1e-5)
+
+  def loss(attend, q, k, v):
+    base = ops.attend(q, k[:B, :T], v[:B, :T], jnp.ones((B, s), bool), impl="dense")
+    o = mem.finish(mem.merge(base, attend(q, k, v)))  # a cotangent on the log-sum-exp too
+    return jnp.sum(o * jnp.sin(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape))
+
+  grads = jax.grad(functools.partial(loss, read), argnums=(0, 1, 2))(q, k, v)
+  want_g = jax.grad(functools.partial(loss, gathered), argnums=(0, 1, 2))(q, k, v)
+  for name, a, b in zip("qkv", grads, want_g):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=name)
+
+
 def test_blockwise_op_cache_slots_and_jit():
   """Generation: one query per row at its own slot of a cache, keys beyond the fill dead."""
   rng = np.random.default_rng(2)
@@ -88,23 +132,11 @@ def test_blockwise_op_cache_slots_and_jit():
   np.testing.assert_allclose(got[0, 0], np.broadcast_to(v[0, 0][:, None], (KV, G, D)), atol=1e-6)
 
 
-def test_fused_call_layout_and_cpu_fallback():
-  """The fused call's layout (GQA heads, mask, scale) equals the reference, run through
-  jax.nn.dot_product_attention's XLA implementation; on CPU 'fused' selects no kernel."""
-  q, k, v, mask, q_pos = _blocks()[:5]
-  want = mem.finish(ops.attend(q, k, v, mask, q_pos, impl="dense"))
-  got = ops.fused_causal(q, k, v, mask, "xla")
-  valid = np.asarray(mask)[:, :, None, None, None]  # padding queries are don't-care
-  np.testing.assert_allclose(np.where(valid, got, 0), np.where(valid, want, 0), atol=1e-5)
-  assert np.isfinite(np.asarray(got)).all()
-  assert ops.fused_backend() is None  # CPU
-
-
 # ----------------------------------------------------------------------------- the module
 
 @pytest.mark.parametrize("positions_mode,plan_name,masked,impl", [
     ("first", "segments", True, "blockwise"),
-    ("none", "analysis_d3_w1", True, "fused"),  # no kernel on CPU: blockwise
+    ("none", "analysis_d3_w1", True, "fused"),  # a memory layer with a plan: blockwise on any backend
 ])
 @pytest.mark.optimized_xla
 def test_module_blockwise_matches_reference(positions_mode, plan_name, masked, impl):

@@ -1,6 +1,7 @@
 """Self-attention for ordinary LLaMA layers and FoT memory layers."""
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import flax.linen as nn
@@ -10,6 +11,7 @@ import numpy as np
 
 from fot_jax.model import attention_ops as ops
 from fot_jax.model import context_parallel as cp
+from fot_jax.model import fused_kernels
 from fot_jax.model import memory as mem
 from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
@@ -118,10 +120,11 @@ class Attention(nn.Module):
       else:
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
 
-    backend = ops.fused_backend(q.dtype) if impl == "fused" else None
-    # Nothing to merge with: the backend's kernel.
-    if extra is None and cache is None and backend and not (strategy or seq_par):
-      out = ops.fused_causal(q, k, v, token_mask, backend)
+    # Nothing to merge with: the backend's fused kernel where it has one (fused_kernels).
+    alone = extra is None and cache is None and not (strategy or seq_par)
+    kernel = fused_kernels.for_window(cfg, t) if impl == "fused" and alone else None
+    if kernel is not None:
+      out = kernel.call(q, k, v, token_mask)
     else:
       if strategy and impl != "dense":  # Self-Extend / LM-Infinite, streamed
         qs, ks, choose = position_strategies.streamed_inputs(cfg, q_pre, k_pre, positions, scale)
@@ -192,10 +195,18 @@ class Attention(nn.Module):
         return nn.with_logical_constraint(out, rows_axis(out.ndim, axis, 3))
 
       rw = groups * r
-      ek, ev = (nn.with_logical_constraint(gather(x).reshape(rw, w, t, kv, d), rows_axis(5, 0, 2)) for x in (kg, vg))
-      if self.cfg.mem_stop_gradient:
-        ek, ev = jax.lax.stop_gradient(ek), jax.lax.stop_gradient(ev)
       emask = (live[..., None] & gather(mg)).reshape(rw, w, t)
+      has = jnp.any(emask, axis=(1, 2))
+      keys, values = kg, vg
+      if self.cfg.mem_stop_gradient:
+        keys, values = jax.lax.stop_gradient(kg), jax.lax.stop_gradient(vg)
+      if self.cfg.attention_impl != "dense" and not cp.active():
+        # Sources read by index inside the blockwise scan: no per-row copy of them.
+        read = functools.partial(ops.attend_sources, block=self.cfg.attention_block)
+        part = jax.vmap(read)(qs, keys, values, mg, jnp.asarray(src), jnp.asarray(pos))  # over the groups
+        return mem.Partial(*(None if f is None else f.reshape((rw,) + f.shape[2:]) for f in part)), has
+      ek, ev = (nn.with_logical_constraint(gather(x).reshape(rw, w, t, kv, d), rows_axis(5, 0, 2))
+                for x in (keys, values))
       epos = jnp.broadcast_to(pos[..., None], (groups, r, w, t)).reshape(rw, w, t)
       qs = qs.reshape((rw,) + qs.shape[2:])
       if cp.active():  # each extra context stays split over `context` like the window
@@ -204,7 +215,7 @@ class Attention(nn.Module):
         ek, ev = (nn.with_logical_constraint(x.reshape(rw, w * t, kv, d), rows_axis(4, 0)) for x in (ek, ev))
         part = ops.attend(qs, ek, ev, emask.reshape(rw, w * t), positive=epos.reshape(rw, w * t),
                           impl=self.cfg.attention_impl, block=self.cfg.attention_block)
-      return part, jnp.any(emask, axis=(1, 2))
+      return part, has
 
     if widths is None:
       part, has = extra(grouped(q), sources, positive)

@@ -14,9 +14,10 @@ one softmax (docs/semantics.md, "One attention path"). Implementations:
   It returns the partial in normalised form (max = log-sum-exp, sum = 1), which
   merges like any other partial. `attend_rotated` streams the same way for the
   position strategies (several rotations of q and k, one chosen per pair).
-* `fused`: the backend's kernel (cuDNN through `jax.nn.dot_product_attention` on
-  GPU) for a causal window that nothing merges with (layers without extra
-  contexts); everything else, and every CPU or TPU run, uses `blockwise`.
+* `fused`: the backend's kernel (fot_jax/model/fused_kernels.py: cuDNN on GPU, the
+  Pallas splash kernel on TPU) for a causal window that nothing merges with (layers
+  without extra contexts); everything else uses `blockwise`, and where no kernel applies
+  a one-line warning says so.
 
 Shapes: q [B, T, KV, G, D] (already scaled), k/v [B, S, KV, D], key_mask [B, S].
 With `q_pos` [B, T] the block is causal: query i sees key slot j iff j <= q_pos[b, i]
@@ -190,9 +191,10 @@ def _online_update(carry, s, vis, vb, pb):
   return m_new, l * c + jnp.sum(p, -1), acc, pos
 
 
-def _stream(body, shape, d, blocks):
-  """Scans `body` over key blocks -> (out normalised, lse, positive fraction)."""
-  n = blocks[0].shape[0]
+def _stream(body, shape, d, blocks, n=None):
+  """Scans `body` over key blocks (n steps: the leading axis of `blocks`, or `n` given)
+  -> (out normalised, lse, positive fraction)."""
+  n = blocks[0].shape[0] if n is None else n
   init = (jnp.full(shape, NEG, jnp.float32), jnp.zeros(shape, jnp.float32),
           jnp.zeros(shape + (d,), jnp.float32), jnp.zeros(shape, jnp.float32))
   (m, l, acc, pos), _ = jax.lax.scan(body, init, (jnp.arange(n, dtype=jnp.int32),) + blocks)
@@ -264,6 +266,151 @@ def _blockwise_bwd(block, want_pos, res, cts):
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
+# ----------------------------------------------------------------------------- crossbatch sources
+
+def attend_sources(q, k, v, key_mask, sources, positive, block: int = 512) -> Partial:
+  """Crossbatch extra contexts, read by index inside the blockwise scan.
+
+  q [R, T, KV, G, D] (scaled) are R query rows; k/v [Bk, S, KV, D] and key_mask [Bk, S]
+  are the windows of the batch (or of a device group); sources [R, W] int32 names the
+  windows each row sees (-1: none) and positive [R, W] marks its own stream's. Every
+  query of a row sees every live key of its sources (no causality across windows).
+
+  Each scan step takes one key block straight from the batch's keys by index (a gather
+  of [R, KV, block, D]: a block of one source window, or block // S whole windows when
+  they are shorter), so nothing holds a per-row copy of the W * S source keys: memory is
+  one block's scores plus the batch's keys, flat in W (and in d). The custom VJP
+  recomputes the block in the backward pass and scatter-adds its key and value gradients
+  into the batch's. -> Partial over [R, KV, G, T] with `pos` (r_d).
+  """
+  if block <= 0:
+    raise ValueError(f"model.attention_block: must be positive, got {block}")
+  s, w = k.shape[1], sources.shape[1]
+  cols = max(1, min(block // s, w))  # whole source windows per step
+  pad = -(-w // cols) * cols - w
+  sources = jnp.pad(jnp.asarray(sources, jnp.int32), ((0, 0), (0, pad)), constant_values=-1)
+  positive = jnp.pad(jnp.asarray(positive, bool), ((0, 0), (0, pad)))
+  out, lse, pos = _sources(q, k, v, key_mask, sources, positive, min(block, s), cols)
+  return _normalised_partial(out, lse, pos)
+
+
+class _SourceSteps:
+  """The scan over (group of `cols` source columns, key block of `block` keys) steps."""
+
+  def __init__(self, k, v, key_mask, sources, positive, block, cols):
+    split = lambda x: jnp.swapaxes(_split(x, block), 2, 3)  # [S/block, Bk, KV, block, D]
+    self.ks, self.vs, self.ms = split(k), split(v), _split(key_mask, block)  # own dtype
+    self.nb, self.cols = self.ks.shape[0], cols
+    self.n = sources.shape[1] // cols * self.nb
+    self.live, self.idx, self.posf = sources >= 0, jnp.maximum(sources, 0), positive.astype(jnp.float32)
+
+  def at(self, step):
+    """-> (key block, the rows' sources [R, cols], visible keys [R, cols * block],
+    positive keys [R, cols * block])."""
+    first, blk = step // self.nb * self.cols, step % self.nb
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, first, self.cols, 1)
+    src, alive = take(self.idx), take(self.live)
+    mb = jax.lax.dynamic_index_in_dim(self.ms, blk, 0, keepdims=False)[src] & alive[..., None]
+    pb = jnp.broadcast_to(take(self.posf)[..., None], mb.shape)
+    flat = lambda x: x.reshape(x.shape[0], -1)
+    return blk, src, flat(mb), flat(pb)
+
+  def gather(self, xs, blk, src):
+    """Keys or values of the step, float32 [R, KV, cols * block, D]."""
+    x = jax.lax.dynamic_index_in_dim(xs, blk, 0, keepdims=False)[src]  # [R, cols, KV, block, D]
+    r, c, kv, b, d = x.shape
+    return jnp.swapaxes(x, 1, 2).reshape(r, kv, c * b, d).astype(jnp.float32)
+
+  def scatter_add(self, acc, blk, src, dx):
+    """dx [R, KV, cols * block, D] into acc [S/block, Bk, KV, block, D] at the step's keys."""
+    r, kv, _, d = dx.shape
+    dx = jnp.swapaxes(dx.reshape(r, kv, self.cols, -1, d), 1, 2)
+    return acc.at[blk, src].add(dx)
+
+
+def _mask_case(mb):
+  """0: no live key in the step (skip), 1: some (mask them), 2: all (no mask)."""
+  return jnp.where(jnp.all(mb), 2, jnp.any(mb).astype(jnp.int32))
+
+
+def _sources_forward(q, k, v, key_mask, sources, positive, block, cols):
+  r, t, kv, g, d = q.shape
+  rows = _rows(q)
+  steps = _SourceSteps(k, v, key_mask, sources, positive, block, cols)
+
+  def body(carry, xs):
+    blk, src, mb, pb = steps.at(xs[0])
+
+    def update(masked, carry):
+      s = jnp.einsum("bkqd,bksd->bkqs", rows, steps.gather(steps.ks, blk, src))
+      vis = mb[:, None, None, None, :] if masked else None
+      return _online_update(carry, s, vis, steps.gather(steps.vs, blk, src), pb)
+
+    return jax.lax.switch(_mask_case(mb), [lambda c: c, functools.partial(update, True),
+                                           functools.partial(update, False)], carry), None
+
+  out, lse, pos = _stream(body, (r, kv, g * t), d, (), n=steps.n)
+  return out.reshape(r, kv, g, t, d), lse.reshape(r, kv, g, t), pos.reshape(r, kv, g, t)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _sources(q, k, v, key_mask, sources, positive, block, cols):
+  return _sources_forward(q, k, v, key_mask, sources, positive, block, cols)
+
+
+def _sources_fwd(q, k, v, key_mask, sources, positive, block, cols):
+  out, lse, pos = _sources_forward(q, k, v, key_mask, sources, positive, block, cols)
+  return (out, lse, pos), (q, k, v, key_mask, sources, positive, out, lse)
+
+
+def _sources_bwd(block, cols, res, cts):
+  """As `_blockwise_bwd`, one step's keys at a time; their key/value gradients are
+  scatter-added into the batch's (rows that share a source add up)."""
+  q, k, v, key_mask, sources, positive, out, lse = res
+  dout, dlse, _ = cts
+  r, t, kv, g, d = q.shape
+  live_q = lse > NEG / 2
+  dout, dlse = jnp.where(live_q[..., None], dout, 0.0), jnp.where(live_q, dlse, 0.0)
+  delta = (jnp.sum(dout * out, -1) - dlse).reshape(r, kv, g * t)
+  dout, lse = dout.reshape(r, kv, g * t, d), lse.reshape(r, kv, g * t)
+  rows = _rows(q)
+  steps = _SourceSteps(k, v, key_mask, sources, positive, block, cols)
+
+  def body(carry, step):
+    blk, src, mb, _ = steps.at(step)
+
+    def grads(masked, carry):
+      dq, dks, dvs = carry
+      kb, vb = steps.gather(steps.ks, blk, src), steps.gather(steps.vs, blk, src)
+      p = jnp.exp(jnp.einsum("bkqd,bksd->bkqs", rows, kb) - lse[..., None])
+      if masked:
+        p = jnp.where(mb[:, None, None, :], p, 0.0)
+      dv = jnp.einsum("bkqs,bkqd->bksd", p, dout)
+      ds = p * (jnp.einsum("bkqd,bksd->bkqs", dout, vb) - delta[..., None])
+      dk = jnp.einsum("bkqs,bkqd->bksd", ds, rows)
+      return (dq + jnp.einsum("bkqs,bksd->bkqd", ds, kb), steps.scatter_add(dks, blk, src, dk),
+              steps.scatter_add(dvs, blk, src, dv))
+
+    return jax.lax.switch(_mask_case(mb), [lambda c: c, functools.partial(grads, True),
+                                           functools.partial(grads, False)], carry), None
+
+  zeros = jnp.zeros(steps.ks.shape, jnp.float32)
+  (dq, dks, dvs), _ = jax.lax.scan(body, (jnp.zeros(rows.shape, jnp.float32), zeros, zeros),
+                                   jnp.arange(steps.n, dtype=jnp.int32))
+  s = k.shape[1]
+
+  def unsplit(x):  # [S/block, Bk, KV, block, D] -> [Bk, S, KV, D]
+    x = jnp.moveaxis(jnp.swapaxes(x, 2, 3), 0, 1)
+    return x.reshape((x.shape[0], -1) + x.shape[3:])[:, :s]
+
+  dq = jnp.transpose(dq.reshape(r, kv, g, t, d), (0, 3, 1, 2, 4))
+  return (dq.astype(q.dtype), unsplit(dks).astype(k.dtype), unsplit(dvs).astype(v.dtype),
+          None, None, None)
+
+
+_sources.defvjp(_sources_fwd, _sources_bwd)
+
+
 def attend_rotated(qs, ks, v, key_mask, q_pos, positions, choose, block: int = 512) -> Partial:
   """A causal window whose pairs pick their score among several rotations (position strategies).
 
@@ -272,64 +419,126 @@ def attend_rotated(qs, ks, v, key_mask, q_pos, positions, choose, block: int = 5
   choose(query positions [B, t], key positions [B, s]) -> (choice int [B, t, s], visible bool):
   the rotation that scores a pair and whether the strategy lets it be seen (causality, padding
   and q_pos are applied here). Streams (query chunk, key block) pairs as `blockwise` does,
-  skipping pairs nothing sees; differentiated by JAX (no custom VJP: inference is its use).
+  skipping pairs nothing sees, in both passes: a custom VJP recomputes each pair's scores in
+  the backward pass, so training keeps O(block^2) scores too, not every block's.
   """
-  r_n, b, t, kv, g, d = qs.shape
+  t = qs.shape[2]
   qc, kblock = min(block, t), min(block, ks.shape[2])
   qs_p = _pad_to(qs, 2, qc)
   q_pos_p = _pad_to(q_pos.astype(jnp.int32), 1, qc, -1)  # padding queries see nothing
-  pos_p = _pad_to(positions.astype(jnp.int32), 1, qc)
-  split_rot = lambda x: jnp.moveaxis(jax.vmap(lambda r: _split_heads(r, kblock))(x), 0, 1)  # [n, R, B, KV, blk, D]
-  blocks = (split_rot(ks), _split_heads(v, kblock), _split(key_mask, kblock),
-            _split(positions.astype(jnp.int32), kblock))
-  view = (b, kv, g, qc, kblock)  # the rows-major scores [B, KV, G*qc, blk] seen per head group
-
-  def one_chunk(c):
-    rows, qp_c, pos_c = _rows(_chunk(qs_p, c, qc, axis=2)), _chunk(q_pos_p, c, qc), _chunk(pos_p, c, qc)
-
-    def body(carry, xs):
-      i, kb, vb, mb, kpos = xs
-      choice, allowed = choose(pos_c, kpos)
-      vis = _visible(mb, qp_c, i * kblock, kblock) & allowed[:, None, None]
-
-      def update(carry):
-        s = jnp.zeros(view, jnp.float32)
-        for r in range(r_n):  # only the rotations some visible pair of this block uses
-          use = (choice == r)[:, None, None] & vis
-          score = lambda s, r=r, use=use: jnp.where(
-              use, jnp.einsum("bkqd,bksd->bkqs", rows[r], kb[r]).reshape(view), s)
-          s = jax.lax.cond(jnp.any(use), score, lambda s: s, s)
-        return _online_update(carry, s.reshape(b, kv, g * qc, kblock), vis, vb, None)
-
-      return jax.lax.cond(jnp.any(vis), update, lambda carry: carry, carry), None
-
-    out, lse, _ = _stream(body, (b, kv, g * qc), d, blocks)
-    return out.reshape(b, kv, g, qc, d), lse.reshape(b, kv, g, qc)
-
-  out, lse = _query_chunks(one_chunk, t, qc)
+  positions = positions.astype(jnp.int32)
+  pos_p = _pad_to(positions, 1, qc)
+  out, lse = _query_chunks(
+      lambda c: _rotated(_chunk(qs_p, c, qc, axis=2), ks, v, key_mask, _chunk(q_pos_p, c, qc),
+                         _chunk(pos_p, c, qc), positions, choose, kblock),
+      t, qc)
   return _normalised_partial(out, lse)
 
 
-# ----------------------------------------------------------------------------- fused kernels
-
-def fused_backend(dtype=jnp.bfloat16) -> Optional[str]:
-  """The fused kernel this backend has for `dtype` ('cudnn' on GPU, half precision only),
-  or None (CPU, TPU, float32: blockwise)."""
-  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  return "cudnn" if jax.default_backend() == "gpu" and half else None
+def _rotated_blocks(ks, v, key_mask, k_posn, block):
+  """Key blocks: keys per rotation [S/block, R, B, KV, block, D] and values [S/block, B, KV,
+  block, D] float32, mask and positions [S/block, B, block]."""
+  per_rotation = jax.vmap(lambda x: _split_heads(x, block), out_axes=1)
+  return per_rotation(ks), _split_heads(v, block), _split(key_mask, block), _split(k_posn, block)
 
 
-def fused_causal(q, k, v, token_mask, implementation: str):
-  """Causal self-attention of a window through `jax.nn.dot_product_attention` -> [B, T, KV, G, D].
+def _rotated_pairs(choose, q_posn, q_pos, i, mb, kpos, r_n):
+  """Key block i -> visible [B, 1, 1, t, block] and, per rotation, the visible pairs it scores."""
+  choice, allowed = choose(q_posn, kpos)
+  vis = _visible(mb, q_pos, i * mb.shape[1], mb.shape[1]) & allowed[:, None, None]
+  return vis, [(choice == r)[:, None, None] & vis for r in range(r_n)]
 
-  q is already scaled (scale=1); GQA is passed through (heads = KV * G, grouped as here).
-  `implementation='xla'` runs the same call on CPU (the tests check the layout with it).
-  """
-  b, t, kv, g, d = q.shape
-  # Padding keys are masked; a query always sees itself, so padding queries stay finite
-  # (their outputs are don't-care, as in the reference, and never reach real tokens).
-  eye = jnp.eye(t, dtype=bool)[None, None]
-  mask = jnp.tril(jnp.ones((t, t), bool))[None, None] & (token_mask[:, None, None, :] | eye)
-  out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, mask=mask, scale=1.0,
-                                     implementation=implementation)
-  return out.reshape(b, t, kv, g, d)
+
+def _where_pairs(mask, x, y):
+  """jnp.where for rows-major x/y [B, KV, G*t, block] and a pair mask [B, 1, 1, t, block]."""
+  view = x.shape[:2] + (-1,) + mask.shape[3:]
+  return jnp.where(mask, x.reshape(view), jnp.reshape(y, view) if jnp.ndim(y) else y).reshape(x.shape)
+
+
+def _rotated_scores(rows, kb, use):
+  """rows [R, B, KV, G*t, D], kb [R, B, KV, block, D] -> scores [B, KV, G*t, block], each pair
+  by the rotation that `use` gives it (0 where none does); a rotation that scores no pair of
+  the block is not computed."""
+  s = jnp.zeros(rows.shape[1:4] + kb.shape[3:4], jnp.float32)
+  for r, u in enumerate(use):
+    score = lambda s, r=r, u=u: _where_pairs(u, jnp.einsum("bkqd,bksd->bkqs", rows[r], kb[r]), s)
+    s = jax.lax.cond(jnp.any(u), score, lambda s: s, s)
+  return s
+
+
+def _rotated_forward(qs, ks, v, key_mask, q_pos, q_posn, k_posn, choose, block):
+  r_n, b, t, kv, g, d = qs.shape
+  rows = _rows(qs)
+
+  def body(carry, xs):
+    i, kb, vb, mb, kpos = xs
+    vis, use = _rotated_pairs(choose, q_posn, q_pos, i, mb, kpos, r_n)
+    update = lambda carry: _online_update(carry, _rotated_scores(rows, kb, use), vis, vb, None)
+    return jax.lax.cond(jnp.any(vis), update, lambda carry: carry, carry), None
+
+  out, lse, _ = _stream(body, (b, kv, g * t), d, _rotated_blocks(ks, v, key_mask, k_posn, block))
+  return out.reshape(b, kv, g, t, d), lse.reshape(b, kv, g, t)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _rotated(qs, ks, v, key_mask, q_pos, q_posn, k_posn, choose, block):
+  """One query chunk qs [R, B, t, KV, G, D] with q_pos and positions q_posn [B, t] over all
+  keys (positions k_posn [B, S]) -> out [B, KV, G, t, D] float32 (normalised), lse [B, KV, G, t]."""
+  return _rotated_forward(qs, ks, v, key_mask, q_pos, q_posn, k_posn, choose, block)
+
+
+def _rotated_fwd(qs, ks, v, key_mask, q_pos, q_posn, k_posn, choose, block):
+  out, lse = _rotated_forward(qs, ks, v, key_mask, q_pos, q_posn, k_posn, choose, block)
+  return (out, lse), (qs, ks, v, key_mask, q_pos, q_posn, k_posn, out, lse)
+
+
+def _rotated_bwd(choose, block, res, cts):
+  """As `_blockwise_bwd`, with each pair's scores from its rotation: p and ds come from the
+  pair's own scores, and each rotation's queries and keys take ds on the pairs it scores."""
+  qs, ks, v, key_mask, q_pos, q_posn, k_posn, out, lse = res
+  dout, dlse = cts
+  r_n, b, t, kv, g, d = qs.shape
+  live = lse > NEG / 2  # queries that see nothing take no part (see _blockwise_bwd)
+  dout, dlse = jnp.where(live[..., None], dout, 0.0), jnp.where(live, dlse, 0.0)
+  delta = (jnp.sum(dout * out, -1) - dlse).reshape(b, kv, g * t)
+  dout, lse = dout.reshape(b, kv, g * t, d), lse.reshape(b, kv, g * t)
+  rows = _rows(qs)
+
+  def body(dq, xs):
+    i, kb, vb, mb, kpos = xs
+    vis, use = _rotated_pairs(choose, q_posn, q_pos, i, mb, kpos, r_n)
+
+    def grads(dq):
+      p = _where_pairs(vis, jnp.exp(_rotated_scores(rows, kb, use) - lse[..., None]), 0.0)
+      dv = jnp.einsum("bkqs,bkqd->bksd", p, dout)
+      ds = p * (jnp.einsum("bkqd,bksd->bkqs", dout, vb) - delta[..., None])
+      dqs, dks = [], []
+      for r, u in enumerate(use):
+        def rotation(dq_r, r=r, u=u):
+          ds_r = _where_pairs(u, ds, 0.0)
+          return (dq_r + jnp.einsum("bkqs,bksd->bkqd", ds_r, kb[r]),
+                  jnp.einsum("bkqs,bkqd->bksd", ds_r, rows[r]))
+        dq_r, dk_r = jax.lax.cond(jnp.any(u), rotation, lambda dq_r: (dq_r, jnp.zeros(kb.shape[1:])), dq[r])
+        dqs.append(dq_r)
+        dks.append(dk_r)
+      return jnp.stack(dqs), (jnp.stack(dks), dv)
+
+    skip = lambda dq: (dq, (jnp.zeros(kb.shape), jnp.zeros(vb.shape)))
+    return jax.lax.cond(jnp.any(vis), grads, skip, dq)
+
+  blocks = _rotated_blocks(ks, v, key_mask, k_posn, block)
+  dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(rows.shape, jnp.float32),
+                              (jnp.arange(blocks[0].shape[0], dtype=jnp.int32),) + blocks)
+  dq = jnp.transpose(dq.reshape(r_n, b, kv, g, t, d), (0, 1, 4, 2, 3, 5))
+  s = ks.shape[2]
+  return (dq.astype(qs.dtype), _unsplit_heads(dk, s).astype(ks.dtype), _unsplit_heads(dv, s).astype(v.dtype),
+          None, None, None, None)
+
+
+_rotated.defvjp(_rotated_fwd, _rotated_bwd)
+
+
+def _unsplit_heads(x, s):
+  """[S/block, ..., KV, block, D] -> [..., S, KV, D]: `_split_heads` undone, dead keys dropped."""
+  x = jnp.moveaxis(jnp.swapaxes(x, -3, -2), 0, -4)
+  return x.reshape(x.shape[:-4] + (-1,) + x.shape[-2:])[..., :s, :, :]

@@ -15,8 +15,10 @@ contexts, values and the softmax are untouched, and memory layers with mem_posit
 Each strategy is a list of (query positions, key positions) rotations plus, per
 (query, key), which rotation scores it and whether it is visible; any RoPE variant
 (rope.py) rotates them, with the dynamic-NTK length of the true positions. With
-attention_impl 'dense' the window's [T, T] scores are materialised; otherwise they are
-streamed block by block (long windows: a 16K-token Self-Extend forward in bounded memory).
+attention_impl 'dense' the window's [T, T] scores are materialised (and kept for the backward
+pass); otherwise they are streamed block by block in both passes (attention_ops.attend_rotated,
+with a custom VJP): long windows forward and fine-tune in bounded memory
+(docs/context_extension.md, "Fine-tuning memory with a position strategy").
 """
 from __future__ import annotations
 
