@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from fot_jax.model.config import ATTENTION_IMPLS as IMPLS
 from fot_jax.model.memory import NEG, MemoryBlock, Partial, block_partial, merge, scores
 
-_ALL = jnp.iinfo(jnp.int32).max  # q_pos of a fully visible (non-causal) block
+ALL_VISIBLE = jnp.iinfo(jnp.int32).max  # q_pos of a fully visible (non-causal) block
 
 
 def attend(q, k, v, key_mask, q_pos=None, positive=None, impl: str = "dense", block: int = 512) -> Partial:
@@ -53,7 +53,7 @@ def attend(q, k, v, key_mask, q_pos=None, positive=None, impl: str = "dense", bl
   if block <= 0:
     raise ValueError(f"model.attention_block: must be positive, got {block}")
   causal = q_pos is not None
-  q_pos = jnp.full((b, t), _ALL, jnp.int32) if q_pos is None else q_pos.astype(jnp.int32)
+  q_pos = jnp.full((b, t), ALL_VISIBLE, jnp.int32) if q_pos is None else q_pos.astype(jnp.int32)
   want_pos = positive is not None
   positive = jnp.zeros(key_mask.shape, bool) if positive is None else positive
   kblock = min(block, k.shape[1])
@@ -149,7 +149,9 @@ def _block_case(mb, start, block, lo, hi):
   return jnp.where(full, 2, seen.astype(jnp.int32))
 
 
-def _forward(q, k, v, key_mask, q_pos, positive, block, want_pos):
+def block_forward(q, k, v, key_mask, q_pos, positive, block, want_pos):
+  """The blockwise forward pass over one set of keys (public: the context-parallel
+  strategies run it per chunk) -> (out [B, KV, G, T, D] normalised, lse, positive fraction)."""
   b, t, kv, g, d = q.shape
   rows = _rows(q)
   lo, hi = jnp.min(q_pos), jnp.max(q_pos)
@@ -206,16 +208,16 @@ def _stream(body, shape, d, blocks, n=None):
 def _blockwise(q, k, v, key_mask, q_pos, positive, block, want_pos):
   """-> out [B, KV, G, T, D] float32 (normalised), lse [B, KV, G, T], positive fraction
   (zeros unless `want_pos`)."""
-  return _forward(q, k, v, key_mask, q_pos, positive, block, want_pos)
+  return block_forward(q, k, v, key_mask, q_pos, positive, block, want_pos)
 
 
 def _blockwise_fwd(q, k, v, key_mask, q_pos, positive, block, want_pos):
-  out, lse, pos = _forward(q, k, v, key_mask, q_pos, positive, block, want_pos)
+  out, lse, pos = block_forward(q, k, v, key_mask, q_pos, positive, block, want_pos)
   return (out, lse, pos), (q, k, v, key_mask, q_pos, positive, out, lse)
 
 
-def _blockwise_bwd(block, want_pos, res, cts):
-  """Flash-attention backward: per block, p = exp(s - lse) is recomputed and
+def block_backward(block, want_pos, res, cts):
+  """Flash-attention backward (public, as `block_forward`): per block, p = exp(s - lse) is recomputed and
   ds = p * (dp - sum(dout * out) + dlse); the positive fraction is a metric (no gradient)."""
   q, k, v, key_mask, q_pos, positive, out, lse = res
   dout, dlse, _ = cts
@@ -263,7 +265,7 @@ def _blockwise_bwd(block, want_pos, res, cts):
           None, None, None)
 
 
-_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+_blockwise.defvjp(_blockwise_fwd, block_backward)
 
 
 # ----------------------------------------------------------------------------- crossbatch sources
@@ -364,7 +366,7 @@ def _sources_fwd(q, k, v, key_mask, sources, positive, block, cols):
 
 
 def _sources_bwd(block, cols, res, cts):
-  """As `_blockwise_bwd`, one step's keys at a time; their key/value gradients are
+  """As `block_backward`, one step's keys at a time; their key/value gradients are
   scatter-added into the batch's (rows that share a source add up)."""
   q, k, v, key_mask, sources, positive, out, lse = res
   dout, dlse, _ = cts
@@ -493,12 +495,12 @@ def _rotated_fwd(qs, ks, v, key_mask, q_pos, q_posn, k_posn, choose, block):
 
 
 def _rotated_bwd(choose, block, res, cts):
-  """As `_blockwise_bwd`, with each pair's scores from its rotation: p and ds come from the
+  """As `block_backward`, with each pair's scores from its rotation: p and ds come from the
   pair's own scores, and each rotation's queries and keys take ds on the pairs it scores."""
   qs, ks, v, key_mask, q_pos, q_posn, k_posn, out, lse = res
   dout, dlse = cts
   r_n, b, t, kv, g, d = qs.shape
-  live = lse > NEG / 2  # queries that see nothing take no part (see _blockwise_bwd)
+  live = lse > NEG / 2  # queries that see nothing take no part (see block_backward)
   dout, dlse = jnp.where(live[..., None], dout, 0.0), jnp.where(live, dlse, 0.0)
   delta = (jnp.sum(dout * out, -1) - dlse).reshape(b, kv, g * t)
   dout, lse = dout.reshape(b, kv, g * t, d), lse.reshape(b, kv, g * t)

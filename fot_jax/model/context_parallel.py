@@ -8,10 +8,10 @@ sequence-parallel form of `attention_ops.attend` (same arguments, same `Partial`
 run in `jax.shard_map` over the whole mesh; three strategies (`ModelConfig.context_parallel`):
 
 * `ring`: queries stay, key/value chunks travel around the ring (`ppermute`), each step's
-  partial merged by running max / sum (the blockwise op's `_forward` per chunk). A custom
+  partial merged by running max / sum (the blockwise op's `block_forward` per chunk). A custom
   VJP rings again in the backward pass: keys/values and their float32 gradient
   accumulators travel, one last hop returns the finished gradients to their owner; each
-  chunk's gradients are `attention_ops._blockwise_bwd` with the global log-sum-exp. The
+  chunk's gradients are `attention_ops.block_backward` with the global log-sum-exp. The
   next chunk's transfer is issued before this chunk's compute, so XLA may overlap them.
   Chunk pairs that the causal mask hides entirely are skipped (`lax.cond` on the layout's
   geometry, per device).
@@ -216,10 +216,10 @@ def _ring_pairs(layout, n, c, s, me, src, causal):
 
 def _q_rel(qr, kr, b, causal):
   """Query positions relative to a key run of stride s: key j (position o + s j) is visible
-  to a query at position p iff j <= floor((p - o) / s); what `_forward` compares slots to."""
+  to a query at position p iff j <= floor((p - o) / s); what `block_forward` compares slots to."""
   _, ql, qo, qs = qr
   if not causal:
-    return jnp.full((b, ql), ops._ALL, jnp.int32)
+    return jnp.full((b, ql), ops.ALL_VISIBLE, jnp.int32)
   _, _, ko, ks = kr
   pos = qo + qs * jnp.arange(ql, dtype=jnp.int32)
   return jnp.broadcast_to(jnp.floor_divide(pos - ko, ks).astype(jnp.int32), (b, ql))
@@ -269,7 +269,7 @@ def _forward_step(q, chunk, me, src, causal, layout, n, block, want_pos, parts):
     q_rel = _q_rel(qr, kr, b, causal)
 
     def compute(qx=qx, sl=sl, q_rel=q_rel):
-      out, lse, pos = ops._forward(qx, kc[:, sl], vc[:, sl], mc[:, sl], q_rel, pc[:, sl],
+      out, lse, pos = ops.block_forward(qx, kc[:, sl], vc[:, sl], mc[:, sl], q_rel, pc[:, sl],
                                    min(block, sl.stop - sl.start), want_pos)
       live = (lse > NEG / 2).astype(jnp.float32)
       return Partial(lse, live, out * live[..., None], pos * live)
@@ -333,7 +333,7 @@ def _ring_bwd(causal, layout, n, block, want_pos, res, cts):
       def compute(qs=qs, sl=sl, q_rel=q_rel):
         res_pair = (q32[:, qs], kc[:, sl].astype(jnp.float32), vc[:, sl].astype(jnp.float32), mc[:, sl],
                     q_rel, None, out[:, :, :, qs], lse[:, :, :, qs])
-        return ops._blockwise_bwd(min(block, sl.stop - sl.start), False, res_pair,
+        return ops.block_backward(min(block, sl.stop - sl.start), False, res_pair,
                                   (dout[:, :, :, qs], dlse[:, :, :, qs], None))[:3]
 
       def skip(ql=qr[1], kl=kr[1]):
