@@ -75,24 +75,6 @@ def model_config(size: str, impl: str):
   raise SystemExit(f"--size: one of {sorted(DEFAULTS)}, got {size!r}")
 
 
-def model_flops(cfg, params, rows: int, window: int, live_sources: int) -> float:
-  """Model FLOPs of one training step (see the module docstring)."""
-  import jax
-  import numpy as np
-  matmul = 0
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    name = jax.tree_util.keystr(path)
-    if name.endswith("['kernel']"):
-      matmul += int(np.prod(leaf.shape))
-  if cfg.tie_embeddings:  # the output projection is the embedding table
-    matmul += cfg.vocab_size * cfg.hidden_size
-  hd = cfg.num_heads * cfg.dim_per_head
-  tokens = rows * window
-  local = 12.0 * window * window * hd * rows * cfg.num_layers
-  extra = 12.0 * window * window * hd * live_sources * len(cfg.mem_layers)
-  return 6.0 * matmul * tokens + local + extra
-
-
 def run(args) -> dict:
   import jax
   import jax.numpy as jnp
@@ -100,6 +82,7 @@ def run(args) -> dict:
   from fot_jax import crossbatch
   from fot_jax.train import init_state, make_optimizer, make_train_step, stacked_plan
   from fot_jax import parallel
+  from fot_jax.plan import model_flops
 
   slots, window, impl = DEFAULTS[args.size]
   slots, window, impl = args.slots or slots, args.window or window, args.impl or impl

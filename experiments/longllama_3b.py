@@ -20,6 +20,9 @@ def get_config():
   # Streamed attention (O(T x block) scores, crossbatch sources read inside its scan): the
   # dense reference needs 55 GiB per device here (docs/scale_out.md, "What fills memory").
   c.model.overrides.attention_impl = "blockwise"
+  # Runs of plain layers as one lax.scan: FSDP gathers one layer's weights at a time
+  # (docs/scan_and_remat.md); the size's remat (policy 'full') keeps one layer's activations.
+  c.model.overrides.scan_layers = True
   c.data.task, c.data.eval_task = "longllama", "pg19"  # the RedPajama + Python mixture (data_pipelines.tasks)
   c.data.vocab = "checkpoints/open_llama_3b/tokenizer.model"
   c.data.slots, c.data.windows_per_slot, c.data.window = 32, len(SEGMENTS), 2048

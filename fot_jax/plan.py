@@ -304,6 +304,22 @@ def largest_buffers(dump_dir: str, module: str, top: int = 10) -> dict:
           "buffers": listed}
 
 
+def model_flops(cfg, params, rows: int, window: int, live_sources: int) -> float:
+  """Model FLOPs of one training step (PaLM's convention: what the model needs, not what remat
+  recomputes or an implementation skips): 6 x matmul parameters x tokens, plus 12 x T x keys x
+  heads x head_dim per row and layer for the local window (T keys) and per live crossbatch
+  source in each memory layer (T more keys). Unlike XLA's count it does not depend on how the
+  step is written (XLA counts a loop body once: scanned layers, blockwise key blocks)."""
+  matmul = sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+               if jax.tree_util.keystr(path).endswith("['kernel']"))
+  if cfg.tie_embeddings:  # the output projection is the embedding table
+    matmul += cfg.vocab_size * cfg.hidden_size
+  hd = cfg.num_heads * cfg.dim_per_head
+  local = 12.0 * window * window * hd * rows * cfg.num_layers
+  extra = 12.0 * window * window * hd * live_sources * len(cfg.mem_layers)
+  return 6.0 * matmul * rows * window + local + extra
+
+
 def plan(config, dump_dir: str | None = None, top: int = 10) -> dict:
   """What one train step of `config` costs on its mesh. dump_dir: the folder XLA_FLAGS'
   --xla_dump_to names (set before jax starts), to list the `top` largest buffers live at the peak."""
@@ -333,6 +349,8 @@ def plan(config, dump_dir: str | None = None, top: int = 10) -> dict:
          "rows": rows, "window": window, "accum_steps": accum, "crossbatch_spec": spec,
          "crossbatch_scope": scope, "flops_per_device": flops_device,
          "flops_per_step": flops_device * mesh.size, "flops_6nt": 6.0 * n_params * tokens,
+         "model_flops": model_flops(cfg, abstract.params, rows, window,
+                                    int((stacked_plan(spec or {}, rows, accum, groups)[0] >= 0).sum())),
          "memory_per_device": per_device, "compile_seconds": seconds}
   if dump_dir:
     out["largest_buffers"] = largest_buffers(dump_dir, compiled.runtime_executable().hlo_modules()[0].name, top)
@@ -348,7 +366,9 @@ def format_plan(p: dict) -> str:
       f"step               {p['rows']} rows x {p['window']} tokens = {p['tokens_per_step']:,} tokens, "
       f"accum_steps={p['accum_steps']}, crossbatch {p['crossbatch_spec']} (scope {p['crossbatch_scope']})",
       f"FLOPs per step     {p['flops_per_step']:.3e} (XLA: {p['flops_per_device']:.3e} per device; "
-      f"6 x params x tokens = {p['flops_6nt']:.3e})",
+      f"6 x params x tokens = {p['flops_6nt']:.3e}; a loop body counts once)",
+      f"model FLOPs        {p['model_flops']:.3e} (6 x matmul params x tokens + attention over the window "
+      f"and live extra contexts)",
       f"memory per device  {m['total'] / gib:.2f} GiB = arguments {m['arguments'] / gib:.2f} + outputs "
       f"{m['outputs'] / gib:.2f} + temporaries {m['temporaries'] / gib:.2f} - donated {m['aliased'] / gib:.2f} GiB",
       f"(compiled for fake CPU devices in {p['compile_seconds']:.0f}s; a TPU/GPU compiler may fuse "

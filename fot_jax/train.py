@@ -362,6 +362,8 @@ RESUMABLE_FIELDS = {
     "train.tensorboard": "TensorBoard scalars on or off",
     "train.mesh": "device mesh sizes and rules (orbax restores into the new shardings)",
     "model.remat": "rematerialisation (the same gradients, less memory)",
+    "model.remat_policy": "what rematerialisation saves (the same gradients)",
+    "model.scan_layers": "layers run as a scan (the same parameters and gradients)",
     "model.attention_impl": "the score/softmax implementation (the same attention)",
     "model.attention_block": "the blockwise implementation's key block",
     "model.context_parallel": "the sequence-parallel attention strategy",

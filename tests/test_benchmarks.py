@@ -45,3 +45,12 @@ def test_long_forward_runs_every_variant(tmp_path):
   assert len(out["rows"]) == 6 and len(out["ratios"]) == 3
   assert all(r["seconds"] > 0 and r["temp_bytes"] > 0 for r in out["rows"])
   assert json.loads((tmp_path / "r.json").read_text())["ratios"] == out["ratios"]
+
+
+def test_compile_time_compiles_both_variants(tmp_path):
+  from benchmarks import compile_time
+  out = compile_time.main(["--size", "tiny", "--overrides", '{"num_layers": 3, "mem_layers": [2]}', "--rows", "2",
+                           "--window", "8", "--repeats", "1", "--json", str(tmp_path / "r.json")])
+  assert [r["variant"] for r in out["results"]] == ["unrolled", "scanned"]
+  assert all(r["median_total_s"] > 0 and r["temp_bytes"] > 0 and len(r["total_s"]) == 1 for r in out["results"])
+  assert json.loads((tmp_path / "r.json").read_text())["unrolled_over_scanned"] == out["unrolled_over_scanned"]

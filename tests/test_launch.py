@@ -122,6 +122,7 @@ def test_plan_mode_reports_params_flops_and_memory_without_a_workdir():
   assert "data=2 x fsdp=2 x tensor=2 x context=1 (8 devices)" in out
   assert "32 rows x 32 tokens" in out  # 16 slots x 2 windows of 32
   assert "FLOPs per step" in out and "memory per device" in out
+  assert "model FLOPs" in out  # the formula itself: tests/test_benchmarks.py (accelerator check)
 
 
 _TINY_PLAN = ("--config=experiments/dictionary_lookup.py", "--mode=plan", "--config.mesh.data=2",

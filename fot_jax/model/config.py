@@ -10,6 +10,7 @@ MEM_POSITIONS = ("first", "none")
 ATTENTION_IMPLS = ("dense", "blockwise", "fused")
 CONTEXT_PARALLEL = ("ring", "allgather", "ulysses")  # fot_jax.model.context_parallel
 CONTEXT_LAYOUTS = ("contiguous", "striped", "zigzag")
+REMAT_POLICIES = ("full", "dots")  # fot_jax/model/llama.py: what a remat layer saves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,13 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"  # compute dtype; parameters stay float32
   remat: bool = False
+  # With remat: 'full' saves each layer's input only (least memory), 'dots' also the matmul
+  # outputs without batch dimensions (less recompute, more memory). docs/scan_and_remat.md.
+  remat_policy: str = "full"
+  # Plain forwards run each run of consecutive non-memory layers as one lax.scan over their
+  # stacked weights (one layer's weights gathered at a time, one compiled body); the parameter
+  # tree stays per layer. docs/scan_and_remat.md.
+  scan_layers: bool = False
   init_std: float = 0.02  # normal init of every weight matrix
   embed_init_std: Optional[float] = None  # embedding init; None: init_std
   # FoT memory layers.
@@ -104,6 +112,8 @@ class ModelConfig:
       fail("context_parallel", f"must be one of {CONTEXT_PARALLEL}, got {self.context_parallel!r}")
     if self.context_layout not in CONTEXT_LAYOUTS:
       fail("context_layout", f"must be one of {CONTEXT_LAYOUTS}, got {self.context_layout!r}")
+    if self.remat_policy not in REMAT_POLICIES:
+      fail("remat_policy", f"must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       fail("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}")
 

@@ -67,6 +67,12 @@ class LlamaModel(nn.Module):
   want_cache: aux['cache'] = {layer: (keys, values, memory keys or None)} of this window.
   cache, cache_fill [B]: generation; the tokens go to slots cache_fill.. of each layer's
   cache (positions = slots) and aux['cache'] holds the updated caches.
+
+  cfg.scan_layers: without cache/want_cache and with the intermediates collection immutable,
+  each run of >= 2 consecutive non-memory layers is one lax.scan over their weights, stacked
+  at apply time (in the compute dtype when that is half precision); memory layers stay
+  unrolled. Anything else (init, generation, sow/capture_intermediates) runs unrolled, so the
+  parameter tree and the intermediates are the same either way. docs/scan_and_remat.md.
   """
   cfg: ModelConfig
 
@@ -89,9 +95,10 @@ class LlamaModel(nn.Module):
                      embedding_init=nn.with_logical_partitioning(
                          nn.initializers.normal(cfg.embed_init_std or cfg.init_std), ("vocab", "embed")))
     x = nn.with_logical_constraint(embed(tokens).astype(jnp.dtype(cfg.dtype)), ("batch", "length", "act_embed"))
+    policy = _CHECKPOINT_POLICIES[cfg.remat_policy]
     layer_cls = DecoderLayer
     if cfg.remat:
-      layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9, 11, 12, 13))
+      layer_cls = nn.remat(DecoderLayer, static_argnums=(6, 7, 8, 9, 11, 12, 13), policy=policy)
     widths = None
     if plan is not None and len(plan) > 2:  # the plan's static widths (crossbatch.pack_widths)
       plan, widths = tuple(plan[:2]), tuple(int(w) for w in plan[2])
@@ -99,7 +106,13 @@ class LlamaModel(nn.Module):
     rd_den = jnp.zeros((), jnp.float32)
     mem_kv, caches = {}, {}
     last = cfg.num_layers - 1 if stop_after is None else stop_after
-    for i in range(last + 1):
+    scan = (cfg.scan_layers and not self.is_initializing() and cache is None and not want_cache
+            and not self.is_mutable_collection("intermediates"))
+    for run in _segments(cfg, last + 1, scan):
+      if len(run) > 1:
+        x = self._scan_run(run, x, positions, token_mask, policy)
+        continue
+      i = run[0]
       is_mem = i in cfg.mem_layers
       layer_memory = (memories or {}).get(i) if is_mem else None
       x, aux = layer_cls(cfg, is_mem, name=f"layers_{i}")(
@@ -125,3 +138,39 @@ class LlamaModel(nn.Module):
     else:
       logits = dense(cfg.vocab_size, ("embed", "vocab"), "lm_head", jnp.float32, cfg.init_std)(x.astype(jnp.float32))
     return logits.astype(jnp.float32), out_aux
+
+  def _scan_run(self, run, x, positions, token_mask, policy):
+    """Layers `run` (non-memory, consecutive) as one lax.scan over their stacked parameters;
+    gradients reach each layers_i through the stack."""
+    cfg = self.cfg
+    dtype = jnp.dtype(cfg.dtype)
+
+    def weights(i):  # half-precision matrices here, so a gather inside the loop moves half the bytes
+      p = nn.meta.unbox(self.variables["params"][f"layers_{i}"])
+      return jax.tree.map(lambda a: a.astype(dtype) if a.ndim >= 2 and dtype != jnp.float32 else a, p)
+
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *[weights(i) for i in run])
+    layer = DecoderLayer(cfg, False, parent=None)  # unbound: applied functionally, not a child
+
+    def body(h, p):
+      return layer.apply({"params": p}, h, positions, token_mask)[0], None
+
+    if cfg.remat:  # inside scan the recompute cannot be CSE'd away: prevent_cse is not needed
+      body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+    return jax.lax.scan(body, x, stacked)[0]
+
+
+# cfg.remat_policy -> what jax.checkpoint saves (None: the layer's inputs only).
+_CHECKPOINT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def _segments(cfg: ModelConfig, n: int, scan: bool):
+  """Layers 0..n-1 in execution order: [i] for an unrolled layer, [i, i+1, ...] for a scanned run
+  of consecutive non-memory layers (scan only)."""
+  out = []
+  for i in range(n):
+    if scan and i not in cfg.mem_layers and out and out[-1][-1] not in cfg.mem_layers:
+      out[-1].append(i)
+    else:
+      out.append([i])
+  return out

@@ -147,3 +147,14 @@ def test_fot_train_step_with_context_4_and_data_2_equals_one_device():
   one = _one_device_step(spec, accum=2)
   assert np.isfinite(one[0]["rd"]) and one[0]["rd"] < 1.0
   _assert_same(one, sharded)
+
+
+def test_scanned_layers_under_fsdp_and_context_equal_one_device_unrolled():
+  """LongLLaMA files' layout: layers 0-1 run as one scan, memory layer 2 unrolled, with fsdp=2 x
+  context=4 and a crossbatch plan, against the unrolled step on one device (scan with remat:
+  tests/test_scan_layers.py)."""
+  cfg = dataclasses.replace(CFG, mem_layers=(2,), attention_impl="blockwise", attention_block=4)
+  spec = {"d": 4, "w": 1}
+  scanned = _step(parallel.make_mesh({"fsdp": 2, "context": 4}), spec,
+                  cfg=dataclasses.replace(cfg, scan_layers=True))
+  _assert_same(_step(parallel.make_mesh(None, devices=jax.devices()[:1]), spec, cfg=cfg, grouped=False), scanned)
