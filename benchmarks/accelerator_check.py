@@ -32,12 +32,10 @@ compiled step's memory_analysis (arguments + outputs + temporaries - donated).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import glob
 import json
 import os
 import statistics
-import sys
 import time
 
 # bf16 dense peak FLOP/s per device, matched against jax's device_kind (first match wins).
@@ -77,7 +75,6 @@ def model_config(size: str, impl: str):
 
 def run(args) -> dict:
   import jax
-  import jax.numpy as jnp
   import numpy as np
   from fot_jax import crossbatch
   from fot_jax.train import init_state, make_optimizer, make_train_step, stacked_plan

@@ -16,7 +16,6 @@ Settings and their defaults: fot_jax/eval/suite.py default_config().
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

@@ -11,12 +11,14 @@ and per kv head, held on device in buffers whose capacity doubles as it grows
   `topk`: exact top-k memory entries per query and kv head (the paper's kNN);
   `approx_topk`: jax.lax.approx_max_k per memory chunk, aiming at `recall` (TPU-native).
 * Generation keeps a key/value cache of the current window: one query per new token
-  against cache + memory; a full window moves into memory.
+  against cache + memory, the decode loop (sampling included) on device; a full window
+  moves into memory.
 * single_doc: each row is one document; memory is cleared between documents.
   multi_doc: rows are streams of concatenated documents; memory is never cleared.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -125,17 +127,19 @@ def decode_step(params, tokens, cache, fill, memories, cfg, mode, topk, chunk, r
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall"))
-def _prefill_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, recall):
+def _prefill_window(params, tokens, token_mask, memories, at, cfg, mode, topk, chunk, recall):
+  """-> (logits [B, V] at column at[b] of each row, memory keys/values, cache of the window)."""
   logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask, memories=memories,
                                       mem_mode=mode, mem_topk=topk, mem_chunk=chunk, want_mem_kv=True,
                                       want_cache=True, mem_recall=recall)
-  return logits, aux["mem_kv"], aux["cache"]
+  return logits[jnp.arange(tokens.shape[0]), at], aux["mem_kv"], aux["cache"]
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
-def _pad_slots(cache, w):
-  return jax.tree_util.tree_map(lambda x: jnp.pad(x, [(0, 0), (0, w - x.shape[1])] + [(0, 0)] * (x.ndim - 2)),
-                                cache)
+def _fit_slots(cache, slots):
+  """Cache [B, S, ...] -> [B, slots, ...]: padded, or cut past every row's fill."""
+  fit = lambda x: jnp.pad(x[:, :slots], [(0, 0), (0, max(0, slots - x.shape[1]))] + [(0, 0)] * (x.ndim - 2))
+  return jax.tree_util.tree_map(fit, cache)
 
 
 @jax.jit
@@ -144,21 +148,71 @@ def _select_rows(rows, new, old):
                                 new, old)
 
 
-def sample(logits, rng, temperature: float = 0.0, top_p: float = 1.0):
-  """logits [B, V] -> tokens [B]: greedy at temperature 0, else softmax(logits / temperature)
-  restricted to the smallest set of most likely tokens whose mass reaches top_p."""
-  logits = np.asarray(logits, np.float64)
-  if temperature <= 0:
-    return logits.argmax(-1).astype(np.int32)
-  p = np.exp((logits - logits.max(-1, keepdims=True)) / temperature)
-  p /= p.sum(-1, keepdims=True)
-  out = np.empty(len(p), np.int32)
-  for i, row in enumerate(p):
-    order = np.argsort(-row, kind="stable")
-    mass = np.cumsum(row[order])
-    keep = order[:int(np.searchsorted(mass, top_p)) + 1]  # the token that crosses top_p stays
-    out[i] = rng.choice(keep, p=row[keep] / row[keep].sum())
-  return out
+def _pow2(n: int) -> int:
+  return 1 << max(0, n - 1).bit_length()
+
+
+def _sample(logits, key, temperature, top_p, greedy: bool, nucleus: bool):
+  """Traced temperature / top_p (no recompile per value); greedy / nucleus pick the code."""
+  if greedy:
+    return jnp.argmax(logits, -1).astype(jnp.int32)
+  logits = logits.astype(jnp.float32) / temperature
+  if not nucleus:
+    return jax.random.categorical(key, logits).astype(jnp.int32)
+  order = jnp.argsort(-logits, axis=-1)  # stable: ties keep index order, as argmax
+  ranked = jnp.take_along_axis(logits, order, -1)
+  p = jax.nn.softmax(ranked, -1)
+  before = jnp.cumsum(p, -1) - p  # mass of the more likely tokens: the one crossing top_p stays
+  pick = jax.random.categorical(key, jnp.where(before < top_p, ranked, -jnp.inf))
+  return jnp.take_along_axis(order, pick[:, None], -1)[:, 0].astype(jnp.int32)
+
+
+def sample(logits, key, temperature: float = 0.0, top_p: float = 1.0):
+  """logits [B, V] -> tokens [B] (on device): greedy at temperature 0, else softmax(logits /
+  temperature) restricted to the smallest set of most likely tokens whose mass reaches top_p,
+  drawn with the jax.random key."""
+  return _sample(jnp.asarray(logits), key, temperature, top_p, temperature <= 0, top_p < 1)
+
+
+_SAMPLING = ("greedy", "nucleus", "eos")
+
+
+@functools.partial(jax.jit, static_argnames=_SAMPLING, donate_argnums=(1, 2))
+def _first_token(logits, toks, seen, key, temperature, top_p, greedy, nucleus, eos):
+  """Token 0 from the prefill's logits [B, V] into toks [B, N] (and seen [B, N, V]) -> done [B]."""
+  tok = _sample(logits, jax.random.fold_in(key, 0), temperature, top_p, greedy, nucleus)
+  seen = None if seen is None else seen.at[:, 0].set(logits)
+  return toks.at[:, 0].set(tok), seen, jnp.isin(tok, jnp.asarray(eos, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall", "window") + _SAMPLING,
+                   donate_argnums=(1, 4, 5))
+def _decode_loop(params, cache, fill, memories, toks, seen, step, done, stop, key, temperature, top_p,
+                 cfg, mode, topk, chunk, recall, window, greedy, nucleus, eos):
+  """Tokens step..stop-1 in one on-device loop (one host round trip, not one per token): each
+  decodes the previous token against cache + memory and samples with key folded with its step.
+  Stops early when every row is done (eos; a done row gets eos[0]) or some row's cache is full
+  (fill == window: it moves into memory on the host first) -> (cache, fill, toks, seen, step, done)."""
+  pad = eos[0] if eos else 0
+
+  def more(c):
+    step, fill, done = c[:3]
+    return (step < stop) & ~jnp.all(done) & jnp.all(fill < window)
+
+  def one(c):
+    step, fill, done, cache, toks, seen = c
+    prev = jax.lax.dynamic_index_in_dim(toks, step - 1, 1)  # [B, 1]
+    logits, cache = decode_step(params, prev, cache, fill, memories, cfg, mode, topk, chunk, recall)
+    logits = logits[:, 0]
+    tok = _sample(logits, jax.random.fold_in(key, step), temperature, top_p, greedy, nucleus)
+    tok = jnp.where(done, pad, tok)
+    toks = jax.lax.dynamic_update_index_in_dim(toks, tok, step, 1)
+    if seen is not None:  # a done row's logits are 0
+      seen = jax.lax.dynamic_update_index_in_dim(seen, jnp.where(done[:, None], 0.0, logits), step, 1)
+    return step + 1, fill + 1, done | jnp.isin(tok, jnp.asarray(eos, jnp.int32)), cache, toks, seen
+
+  step, fill, done, cache, toks, seen = jax.lax.while_loop(more, one, (step, fill, done, cache, toks, seen))
+  return cache, fill, toks, seen, step, done
 
 
 def _prompt_rows(prompt):
@@ -214,8 +268,8 @@ class MemoryInference:
     self.mode, self.topk, self.chunk, self.mem_dtype = mode, topk, chunk, mem_dtype
     self.recall = recall
 
-  def new_memory(self, batch: int) -> Memory:
-    return Memory(self.cfg, batch, self.mem_dtype)
+  def new_memory(self, batch: int, capacity: int = 1024) -> Memory:
+    return Memory(self.cfg, batch, self.mem_dtype, capacity)
 
   def process(self, tokens, memory: Memory, token_mask=None, want_logits: bool = True,
               stop_after: Optional[int] = None, logits_from: int = 0):
@@ -247,9 +301,10 @@ class MemoryInference:
     return np.concatenate(outs, axis=1) if outs else None
 
   def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, return_logits: bool = False, last_context_length: Optional[int] = None):
+               seed: int = 0, return_logits: bool = False, last_context_length: Optional[int] = None,
+               eos_token_id=None):
     """Appends max_new_tokens to each prompt, greedy (temperature 0) or sampled (temperature,
-    top_p), with a key/value cache of the current window.
+    top_p; jax.random key of `seed`), with a key/value cache of the current window.
 
     prompt: 1-D tokens, [B, L] tokens, or a list of 1-D prompts of different lengths; the
     result has the same form. The prompt's last `last_context_length` tokens go into the
@@ -258,14 +313,20 @@ class MemoryInference:
     partial); 0 aligns windows at token 0 instead, like `process`. Each new token is one query
     against cache + memory, and a full cache moves into memory. So the logits behind each token
     equal `process` on that row's sequence so far, placed as here (return_logits: also those
-    logits, [B, max_new_tokens, V]). Timings and tokens/s land in `self.stats`.
+    logits, [B, max_new_tokens, V]). eos_token_id (an id or several): a row that samples one
+    stops, its remaining tokens are the (first) eos id and their logits 0; decoding ends when
+    every row has. Timings and tokens/s land in `self.stats`.
+
+    The cache holds the prompt's last window plus the new tokens, rounded up to a power of two
+    (the whole window only when new tokens cross into the next one): a decode step reads the
+    slots in use, not the window's. The decode loop runs on device between window crossings.
     """
     rows, form = _prompt_rows(prompt)
     if max_new_tokens < 0:
       raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0 or not 0 < top_p <= 1:
       raise ValueError(f"generate: needs temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-    rng = np.random.default_rng(seed)
+    eos = () if eos_token_id is None else tuple(int(e) for e in np.atleast_1d(eos_token_id))
     w, batch = self.window, len(rows)
     if last_context_length is None:
       last_context_length = w - min(max_new_tokens, w // 2)
@@ -278,52 +339,79 @@ class MemoryInference:
     ends = lens + pads  # a row's end in the placed tokens
     full = (ends - 1) // w  # windows that go to memory; the last (1..w tokens) goes to the cache
     fill = (ends - full * w).astype(np.int32)
-    memory, cache, last = self.new_memory(batch), None, None
+    # Decoding feeds max_new_tokens - 1 tokens: a row past its window needs the whole window as
+    # cache, else the slots in use; memory is sized once for prompt and new tokens (one shape).
+    steps = max(max_new_tokens, 1) - 1
+    slots = w if (fill + steps > w).any() else min(w, _pow2(int((fill + steps).max())))
+    memory = self.new_memory(batch, _pow2(int((ends + steps - 1).max()) // w * w))
     args = (self.cfg, self.mode, self.topk, self.chunk, self.recall)
+    cache = last = None
     t0 = time.perf_counter()
     for win in range(full.max() + 1):
-      current = win == full
+      current, to_memory = win == full, win < full
+      cols = slice(win * w, (win + 1) * w)
+      if not current.any():  # memory only: its layers' keys and values (none: nothing to keep)
+        if self.cfg.mem_layers:
+          _, mem_kv = forward_window(self.params, jnp.asarray(toks[:, cols]), jnp.asarray(mask[:, cols]),
+                                     memory.blocks(), *args[:4], max(self.cfg.mem_layers), self.recall)
+          memory.add(mem_kv, jnp.asarray(mask[:, cols]), rows=to_memory)
+        continue
       # A window that only holds current windows runs on a power-of-two prefix (causal: the
-      # padded tail changes nothing before it) and its cache is padded to the window.
-      n = w if (win < full).any() else min(w, 1 << int(fill[current].max() - 1).bit_length())
+      # padded tail changes nothing before it).
+      n = w if to_memory.any() else min(w, _pow2(int(fill[current].max())))
       cols = slice(win * w, win * w + n)
       logits, mem_kv, win_cache = _prefill_window(self.params, jnp.asarray(toks[:, cols]),
-                                                  jnp.asarray(mask[:, cols]), memory.blocks(), *args)
-      if n < w:
-        win_cache = _pad_slots(win_cache, w)
-      cache = win_cache if cache is None else _select_rows(jnp.asarray(current), win_cache, cache)
-      at = np.where(current, fill - 1, 0)
-      here = np.asarray(logits[np.arange(batch), at])
-      last = here if last is None else np.where(current[:, None], here, last)
-      if (win < full).any():
-        memory.add(mem_kv, jnp.asarray(mask[:, cols]), rows=win < full)
+                                                  jnp.asarray(mask[:, cols]), memory.blocks(),
+                                                  jnp.asarray(np.where(current, fill - 1, 0)), *args)
+      win_cache = _fit_slots(win_cache, slots)
+      sel = jnp.asarray(current)
+      cache = win_cache if cache is None else _select_rows(sel, win_cache, cache)
+      last = logits if last is None else _select_rows(sel, logits, last)
+      if to_memory.any():
+        memory.add(mem_kv, jnp.asarray(mask[:, cols]), rows=to_memory)
+    jax.block_until_ready((last, cache, memory.buffers))
     t1 = time.perf_counter()
-    new, seen = [], [last]
-    for step in range(max_new_tokens):
-      new.append(sample(seen[-1], rng, temperature, top_p))
-      if step == max_new_tokens - 1:
-        break
-      moving = fill == w  # a full window moves into memory; the token opens the next one
+    width = _pow2(max_new_tokens)  # buffers in power-of-two sizes: few compiled shapes
+    gen = jnp.full((batch, width), eos[0] if eos else 0, jnp.int32)  # what rows past their eos hold
+    seen = jnp.zeros((batch, width, last.shape[-1]), jnp.float32) if return_logits else None
+    key = jax.random.key(seed)
+    how = dict(greedy=temperature <= 0, nucleus=top_p < 1, eos=eos)
+    temp, top = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
+    step, done = 0, np.zeros(batch, bool)
+    if max_new_tokens:
+      gen, seen, done = _first_token(last, gen, seen, key, temp, top, **how)
+      step, done = 1, np.asarray(done)
+    # One query per row: its scores against cache and memory are [B, H, slots], so they are
+    # taken densely and memory in one block of `chunk` (blocks of 512 cost several times more
+    # on CPU per step); `attention_impl` / `attention_block` are for long windows' scores.
+    decode_cfg = dataclasses.replace(self.cfg, attention_impl="dense",
+                                     attention_block=max(self.cfg.attention_block, self.chunk))
+    fill = jnp.asarray(fill)
+    while step < max_new_tokens and not done.all():
+      moving = np.asarray(fill) == w  # a full window moves into memory; the token opens the next one
       if moving.any():
         mem_kv = {layer: (cache[layer][2], cache[layer][1]) for layer in self.cfg.mem_layers}
         memory.add(mem_kv, jnp.ones((batch, w), bool), rows=moving)
-        fill = np.where(moving, 0, fill).astype(np.int32)
-      logits, cache = decode_step(self.params, jnp.asarray(new[-1][:, None]), cache, jnp.asarray(fill),
-                                  memory.blocks(), *args)
-      fill = fill + 1
-      seen.append(np.asarray(logits[:, 0]))
+        fill = jnp.where(jnp.asarray(moving), 0, fill)
+      cache, fill, gen, seen, at, done = _decode_loop(
+          self.params, cache, fill, memory.blocks(), gen, seen, jnp.int32(step), jnp.asarray(done),
+          jnp.int32(max_new_tokens), key, temp, top, decode_cfg, *args[1:], window=w, **how)
+      step, done = int(at), np.asarray(done)
+    gen = np.asarray(gen[:, :max_new_tokens])
     t2 = time.perf_counter()
-    made = batch * max_new_tokens
+    made = max_new_tokens * batch
+    if eos:  # up to and including each row's eos
+      hit = np.isin(gen, eos)
+      made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
                   "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9)}
     logging.info("generate: %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s", lens.sum(),
                  t1 - t0, made, self.stats["tokens_per_s"])
-    gen = np.stack(new, 1) if new else np.zeros((batch, 0), np.int32)
     out = [np.concatenate([r, g]) for r, g in zip(rows, gen)]
     out = out[0] if form == "1d" else np.stack(out) if form == "2d" else out
     if not return_logits:
       return out
-    return out, np.stack(seen[:max_new_tokens], 1) if max_new_tokens else np.zeros((batch, 0, last.shape[-1]))
+    return out, np.asarray(seen[:, :max_new_tokens])
 
   def documents(self, docs: List[np.ndarray], doc_mode: str = "single_doc", batch: int = 1):
     """Logits for each document, in `single_doc` (memory cleared per document) or

@@ -19,7 +19,6 @@ One code path for 1 device and N devices on M hosts:
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn

@@ -141,6 +141,12 @@ def _split_heads(x, block):
   return jnp.swapaxes(_split(x.astype(jnp.float32), block), 2, 3)
 
 
+def _unsplit_heads(x, s):
+  """[S/block, ..., KV, block, D] -> [..., S, KV, D]: `_split_heads` undone, dead keys dropped."""
+  x = jnp.moveaxis(jnp.swapaxes(x, -3, -2), 0, -4)
+  return x.reshape(x.shape[:-4] + (-1,) + x.shape[-2:])[..., :s, :, :]
+
+
 def _block_case(mb, start, block, lo, hi):
   """0: no query sees this key block (skip), 1: some do (mask it), 2: every query sees every
   key (no mask): live keys and queries at positions lo..hi."""
@@ -256,12 +262,8 @@ def block_backward(block, want_pos, res, cts):
                               (jnp.arange(n, dtype=jnp.int32), kb, vb, _split(key_mask, block)))
   s = k.shape[1]
 
-  def unsplit(x):  # [S/block, B, KV, block, D] -> [B, S, KV, D]
-    x = jnp.moveaxis(jnp.swapaxes(x, 2, 3), 0, 1)
-    return x.reshape((x.shape[0], -1) + x.shape[3:])[:, :s]
-
   dq = jnp.transpose(dq.reshape(b, kv, g, t, d), (0, 3, 1, 2, 4))
-  return (dq.astype(q.dtype), unsplit(dk).astype(k.dtype), unsplit(dv).astype(v.dtype),
+  return (dq.astype(q.dtype), _unsplit_heads(dk, s).astype(k.dtype), _unsplit_heads(dv, s).astype(v.dtype),
           None, None, None)
 
 
@@ -401,12 +403,8 @@ def _sources_bwd(block, cols, res, cts):
                                    jnp.arange(steps.n, dtype=jnp.int32))
   s = k.shape[1]
 
-  def unsplit(x):  # [S/block, Bk, KV, block, D] -> [Bk, S, KV, D]
-    x = jnp.moveaxis(jnp.swapaxes(x, 2, 3), 0, 1)
-    return x.reshape((x.shape[0], -1) + x.shape[3:])[:, :s]
-
   dq = jnp.transpose(dq.reshape(r, kv, g, t, d), (0, 3, 1, 2, 4))
-  return (dq.astype(q.dtype), unsplit(dks).astype(k.dtype), unsplit(dvs).astype(v.dtype),
+  return (dq.astype(q.dtype), _unsplit_heads(dks, s).astype(k.dtype), _unsplit_heads(dvs, s).astype(v.dtype),
           None, None, None)
 
 
@@ -538,9 +536,3 @@ def _rotated_bwd(choose, block, res, cts):
 
 
 _rotated.defvjp(_rotated_fwd, _rotated_bwd)
-
-
-def _unsplit_heads(x, s):
-  """[S/block, ..., KV, block, D] -> [..., S, KV, D]: `_split_heads` undone, dead keys dropped."""
-  x = jnp.moveaxis(jnp.swapaxes(x, -3, -2), 0, -4)
-  return x.reshape(x.shape[:-4] + (-1,) + x.shape[-2:])[..., :s, :, :]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
 
 import flax.linen as nn
 import jax
