@@ -74,12 +74,12 @@ def test_blockwise_op_equals_dense(block):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("block", [2, 12])  # key blocks within a window; two whole windows a step
+@pytest.mark.parametrize("block", [2, 12])  # key blocks within a window; the whole window
 def test_sources_read_in_scan_equal_dense_over_gathered_copies(block):
   """attend_sources (crossbatch sources read by index inside the scan) against `dense` over
   each row's gathered copies: forward, positive mass and gradients, with dead columns (-1),
   a row with no source, a source shared by two rows (its gradients add up), padded keys
-  and a ragged last key block (or a ragged last group of columns)."""
+  and a ragged last key block."""
   rng = np.random.default_rng(3)
   bk, s, w = 4, 5, 3
   f = lambda *shape: jnp.asarray(rng.normal(0, 1, shape), jnp.float32)

@@ -280,55 +280,46 @@ def attend_sources(q, k, v, key_mask, sources, positive, block: int = 512) -> Pa
   windows each row sees (-1: none) and positive [R, W] marks its own stream's. Every
   query of a row sees every live key of its sources (no causality across windows).
 
-  Each scan step takes one key block straight from the batch's keys by index (a gather
-  of [R, KV, block, D]: a block of one source window, or block // S whole windows when
-  they are shorter), so nothing holds a per-row copy of the W * S source keys: memory is
-  one block's scores plus the batch's keys, flat in W (and in d). The custom VJP
-  recomputes the block in the backward pass and scatter-adds its key and value gradients
-  into the batch's. -> Partial over [R, KV, G, T] with `pos` (r_d).
+  Each scan step takes one key block (`block` keys of one source column, the whole window
+  when it is shorter) straight from the batch's keys by index (a gather of [R, KV, block,
+  D]), so nothing holds a per-row copy of the W * S source keys: memory is one block's
+  scores plus the batch's keys, flat in W (and in d). The custom VJP recomputes the block in
+  the backward pass and scatter-adds its key and value gradients into the batch's.
+  -> Partial over [R, KV, G, T] with `pos` (r_d).
   """
   if block <= 0:
     raise ValueError(f"model.attention_block: must be positive, got {block}")
-  s, w = k.shape[1], sources.shape[1]
-  cols = max(1, min(block // s, w))  # whole source windows per step
-  pad = -(-w // cols) * cols - w
-  sources = jnp.pad(jnp.asarray(sources, jnp.int32), ((0, 0), (0, pad)), constant_values=-1)
-  positive = jnp.pad(jnp.asarray(positive, bool), ((0, 0), (0, pad)))
-  out, lse, pos = _sources(q, k, v, key_mask, sources, positive, min(block, s), cols)
+  out, lse, pos = _sources(q, k, v, key_mask, jnp.asarray(sources, jnp.int32), jnp.asarray(positive, bool),
+                           min(block, k.shape[1]))
   return _normalised_partial(out, lse, pos)
 
 
 class _SourceSteps:
-  """The scan over (group of `cols` source columns, key block of `block` keys) steps."""
+  """The scan over (source column, key block) steps. (Grouping several short source windows
+  into one step measured slower on CPU: the gathered blocks then need a transpose.)"""
 
-  def __init__(self, k, v, key_mask, sources, positive, block, cols):
+  def __init__(self, k, v, key_mask, sources, positive, block):
     split = lambda x: jnp.swapaxes(_split(x, block), 2, 3)  # [S/block, Bk, KV, block, D]
     self.ks, self.vs, self.ms = split(k), split(v), _split(key_mask, block)  # own dtype
-    self.nb, self.cols = self.ks.shape[0], cols
-    self.n = sources.shape[1] // cols * self.nb
+    self.nb = self.ks.shape[0]
+    self.n = sources.shape[1] * self.nb
     self.live, self.idx, self.posf = sources >= 0, jnp.maximum(sources, 0), positive.astype(jnp.float32)
 
   def at(self, step):
-    """-> (key block, the rows' sources [R, cols], visible keys [R, cols * block],
-    positive keys [R, cols * block])."""
-    first, blk = step // self.nb * self.cols, step % self.nb
-    take = lambda x: jax.lax.dynamic_slice_in_dim(x, first, self.cols, 1)
-    src, alive = take(self.idx), take(self.live)
-    mb = jax.lax.dynamic_index_in_dim(self.ms, blk, 0, keepdims=False)[src] & alive[..., None]
-    pb = jnp.broadcast_to(take(self.posf)[..., None], mb.shape)
-    flat = lambda x: x.reshape(x.shape[0], -1)
-    return blk, src, flat(mb), flat(pb)
+    """-> (key block, the rows' sources [R], visible keys [R, block], positive keys [R, block])."""
+    col, blk = step // self.nb, step % self.nb
+    take = lambda x: jax.lax.dynamic_index_in_dim(x, col, 1, keepdims=False)
+    src = take(self.idx)
+    mb = jax.lax.dynamic_index_in_dim(self.ms, blk, 0, keepdims=False)[src] & take(self.live)[:, None]
+    return blk, src, mb, jnp.broadcast_to(take(self.posf)[:, None], mb.shape)
 
   def gather(self, xs, blk, src):
-    """Keys or values of the step, float32 [R, KV, cols * block, D]."""
-    x = jax.lax.dynamic_index_in_dim(xs, blk, 0, keepdims=False)[src]  # [R, cols, KV, block, D]
-    r, c, kv, b, d = x.shape
-    return jnp.swapaxes(x, 1, 2).reshape(r, kv, c * b, d).astype(jnp.float32)
+    """Keys or values of the step, float32 [R, KV, block, D]."""
+    return jax.lax.dynamic_index_in_dim(xs, blk, 0, keepdims=False)[src].astype(jnp.float32)
 
-  def scatter_add(self, acc, blk, src, dx):
-    """dx [R, KV, cols * block, D] into acc [S/block, Bk, KV, block, D] at the step's keys."""
-    r, kv, _, d = dx.shape
-    dx = jnp.swapaxes(dx.reshape(r, kv, self.cols, -1, d), 1, 2)
+  @staticmethod
+  def scatter_add(acc, blk, src, dx):
+    """dx [R, KV, block, D] into acc [S/block, Bk, KV, block, D] at the step's keys."""
     return acc.at[blk, src].add(dx)
 
 
@@ -337,10 +328,10 @@ def _mask_case(mb):
   return jnp.where(jnp.all(mb), 2, jnp.any(mb).astype(jnp.int32))
 
 
-def _sources_forward(q, k, v, key_mask, sources, positive, block, cols):
+def _sources_forward(q, k, v, key_mask, sources, positive, block):
   r, t, kv, g, d = q.shape
   rows = _rows(q)
-  steps = _SourceSteps(k, v, key_mask, sources, positive, block, cols)
+  steps = _SourceSteps(k, v, key_mask, sources, positive, block)
 
   def body(carry, xs):
     blk, src, mb, pb = steps.at(xs[0])
@@ -357,17 +348,17 @@ def _sources_forward(q, k, v, key_mask, sources, positive, block, cols):
   return out.reshape(r, kv, g, t, d), lse.reshape(r, kv, g, t), pos.reshape(r, kv, g, t)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _sources(q, k, v, key_mask, sources, positive, block, cols):
-  return _sources_forward(q, k, v, key_mask, sources, positive, block, cols)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _sources(q, k, v, key_mask, sources, positive, block):
+  return _sources_forward(q, k, v, key_mask, sources, positive, block)
 
 
-def _sources_fwd(q, k, v, key_mask, sources, positive, block, cols):
-  out, lse, pos = _sources_forward(q, k, v, key_mask, sources, positive, block, cols)
+def _sources_fwd(q, k, v, key_mask, sources, positive, block):
+  out, lse, pos = _sources_forward(q, k, v, key_mask, sources, positive, block)
   return (out, lse, pos), (q, k, v, key_mask, sources, positive, out, lse)
 
 
-def _sources_bwd(block, cols, res, cts):
+def _sources_bwd(block, res, cts):
   """As `block_backward`, one step's keys at a time; their key/value gradients are
   scatter-added into the batch's (rows that share a source add up)."""
   q, k, v, key_mask, sources, positive, out, lse = res
@@ -378,7 +369,7 @@ def _sources_bwd(block, cols, res, cts):
   delta = (jnp.sum(dout * out, -1) - dlse).reshape(r, kv, g * t)
   dout, lse = dout.reshape(r, kv, g * t, d), lse.reshape(r, kv, g * t)
   rows = _rows(q)
-  steps = _SourceSteps(k, v, key_mask, sources, positive, block, cols)
+  steps = _SourceSteps(k, v, key_mask, sources, positive, block)
 
   def body(carry, step):
     blk, src, mb, _ = steps.at(step)
