@@ -404,7 +404,7 @@ class MemoryInference:
       hit = np.isin(gen, eos)
       made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
-                  "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9)}
+                  "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9), "cache_slots": slots}
     logging.info("generate: %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s", lens.sum(),
                  t1 - t0, made, self.stats["tokens_per_s"])
     out = [np.concatenate([r, g]) for r, g in zip(rows, gen)]

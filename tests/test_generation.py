@@ -11,11 +11,19 @@ from fot_jax.train import init_params
 W = 4
 
 
-def _infer(mode="dense", **kw):
+def _infer(mode="dense", window=W, **kw):
   kw = {"num_layers": 2, "mem_layers": (1,), **kw}
   cfg = get_size("tiny", **kw)
   params = jax.tree_util.tree_map(lambda x: x * 4.0 if x.ndim == 2 else x, init_params(cfg, 0))
-  return MemoryInference(cfg, params, window=W, mode=mode, topk=3)
+  return MemoryInference(cfg, params, window=window, mode=mode, topk=3)
+
+
+def _process_placed(infer, prompt, row, tail):
+  """`process` logits of row (prompt + new tokens) placed as generate places the prompt."""
+  pad = 0 if tail == 0 else int(end_aligned([prompt], infer.window, tail)[2][0])
+  placed = np.concatenate([np.zeros(pad, np.int32), row])[None]
+  mask = np.arange(placed.shape[1])[None] >= pad
+  return infer.process(placed, infer.new_memory(1), mask)[0, pad:], pad
 
 
 @pytest.mark.parametrize("mode,kw,last", [
@@ -39,14 +47,61 @@ def test_cached_generation_logits_equal_process(mode, kw, last):
   for row, prompt, got in zip(out, prompts, logits):
     np.testing.assert_array_equal(row[:len(prompt)], prompt)
     assert len(row) == len(prompt) + new
-    pad = 0 if tail == 0 else int(end_aligned([prompt], W, tail)[2][0])
+    want, pad = _process_placed(infer, prompt, row, tail)
     assert pad == (0 if tail == 0 or len(prompt) <= tail else (tail - len(prompt)) % W)
-    placed = np.concatenate([np.zeros(pad, np.int32), row])[None]
-    mask = np.arange(placed.shape[1])[None] >= pad
-    want = infer.process(placed, infer.new_memory(1), mask)[0, pad:]
     np.testing.assert_allclose(got, want[len(prompt) - 1:-1], atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(row[len(prompt):], got.argmax(-1))  # greedy
   assert infer.stats["new_tokens"] == 3 * new and infer.stats["tokens_per_s"] > 0
+
+
+def test_cache_holds_the_slots_in_use():
+  """A window of 32 with prompts of 3 and 9 tokens and 4 new ones: 9 + 3 decoded tokens need
+  16 cache slots, not the window's 32; 2 rows of 3 need 8. The logits still equal `process`."""
+  infer = _infer(window=32)
+  rng = np.random.default_rng(2)
+  for lens, slots in (((3, 9), 16), ((3, 3), 8)):
+    prompts = [rng.integers(0, infer.cfg.vocab_size, n) for n in lens]
+    out, logits = infer.generate(prompts, 4, return_logits=True)
+    assert infer.stats["cache_slots"] == slots
+    for row, prompt, got in zip(out, prompts, logits):
+      want, _ = _process_placed(infer, prompt, row, 32 - 4)
+      np.testing.assert_allclose(got, want[len(prompt) - 1:-1], atol=1e-4, rtol=1e-4)
+
+
+def test_sampling_on_device_equals_step_by_step_sampling():
+  """The on-device loop (split where rows' caches move into memory) draws token s with
+  fold_in(key(seed), s): the same tokens as sampling each step from `process` logits."""
+  infer = _infer()
+  rng = np.random.default_rng(3)
+  prompts = [rng.integers(0, infer.cfg.vocab_size, n) for n in (3, 8, 10)]
+  new, key = 7, jax.random.key(5)
+  out = infer.generate(prompts, new, temperature=1.5, top_p=0.9, seed=5)
+  seqs = [list(p) for p in prompts]
+  for s in range(new):
+    last = [_process_placed(infer, p, np.asarray(q), W - min(new, W // 2))[0][-1] for p, q in zip(prompts, seqs)]
+    for q, t in zip(seqs, np.asarray(sample(np.stack(last), jax.random.fold_in(key, s), 1.5, 0.9))):
+      q.append(int(t))
+  for row, q in zip(out, seqs):
+    np.testing.assert_array_equal(row, q)
+
+
+def test_eos_stops_rows():
+  infer = _infer()
+  rng = np.random.default_rng(4)
+  prompts = [rng.integers(0, infer.cfg.vocab_size, n) for n in (5, 9)]
+  free = infer.generate(prompts, 6)
+  eos = int(free[0][5 + 2])  # row 0's third new token
+  cut = infer.generate(prompts, 6, eos_token_id=[eos, -1])
+  made = 0
+  for f, c, n in zip(free, cut, (5, 9)):
+    hit = np.flatnonzero(f[n:] == eos)
+    stop = n + (hit[0] + 1 if len(hit) else 6)
+    np.testing.assert_array_equal(c[:stop], f[:stop])  # identical up to and including eos
+    assert (c[stop:] == eos).all()
+    made += stop - n
+  assert infer.stats["new_tokens"] == made
+  out, logits = infer.generate(prompts[:1], 6, eos_token_id=eos, return_logits=True)
+  assert (logits[0, 3:] == 0).all() and (logits[0, :3] != 0).any()  # steps after eos: none computed
 
 
 def test_end_aligned_places_the_last_tokens_in_the_last_window():
@@ -67,6 +122,7 @@ def test_prompt_forms_and_sampling():
   np.testing.assert_array_equal(infer.generate(prompt[None], 3), one[None])  # [B, L] gives [B, L + n]
   a = infer.generate(prompt, 5, temperature=1.0, seed=3)
   np.testing.assert_array_equal(a, infer.generate(prompt, 5, temperature=1.0, seed=3))
+  assert any((infer.generate(prompt, 5, temperature=1.0, seed=s) != a).any() for s in range(4, 8))
   # top_p so small that only the most likely token is left: greedy
   np.testing.assert_array_equal(infer.generate(prompt, 5, temperature=2.0, top_p=1e-6), infer.generate(prompt, 5))
   with pytest.raises(ValueError, match="at least one token"):
@@ -78,11 +134,12 @@ def test_prompt_forms_and_sampling():
 def test_top_p_keeps_the_smallest_set_reaching_p():
   probs = np.array([0.05, 0.6, 0.3, 0.05])
   logits = np.log(np.tile(probs, (400, 1)))
-  draws = sample(logits, np.random.default_rng(0), temperature=1.0, top_p=0.8)
+  draws = np.asarray(sample(logits, jax.random.key(0), temperature=1.0, top_p=0.8))
   assert set(draws.tolist()) == {1, 2}  # 0.6 < 0.8: the next token joins; 0.9 >= 0.8: no more
   assert abs((draws == 1).mean() - 2 / 3) < 0.1  # renormalised 0.6 : 0.3
-  draws = sample(logits[:50], np.random.default_rng(0), temperature=1.0, top_p=1.0)
+  draws = np.asarray(sample(logits[:50], jax.random.key(0), temperature=1.0, top_p=1.0))
   assert {0, 3} & set(draws.tolist())
+  np.testing.assert_array_equal(sample(logits[:3], jax.random.key(0)), [1, 1, 1])  # greedy
 
 
 def test_approx_topk_mode():

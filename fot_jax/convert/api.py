@@ -247,15 +247,17 @@ class Pretrained:
 
   def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
                seed: int = 0, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=None, last_context_length: Optional[int] = None):
+               chunk: int = 65536, mem_dtype=None, last_context_length: Optional[int] = None,
+               eos_token_id=None):
     """prompt: 1-D tokens, [B, L] tokens or a list of 1-D prompts -> the same form with
     max_new_tokens appended; greedy (temperature 0) or sampled (temperature, top_p), with a
     key/value cache of the current window and memory of the earlier ones; the prompt's last
     `last_context_length` tokens in the current window (MemoryInference.generate; 0: windows
-    from token 0, as logits_with_memory). Timings and tokens/s: `self.generation_stats`."""
+    from token 0, as logits_with_memory); a row stops at `eos_token_id` (one id or several;
+    the rest of its tokens are that id). Timings and tokens/s: `self.generation_stats`."""
     infer = self._inference(window, mode, topk, chunk, mem_dtype)
     out = infer.generate(prompt, max_new_tokens, temperature, top_p, seed,
-                         last_context_length=last_context_length)
+                         last_context_length=last_context_length, eos_token_id=eos_token_id)
     self.generation_stats = infer.stats
     return out
 
