@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax.eval import dictionary, host_index
+from fot_jax.eval import dictionary, far_end, host_index
 from fot_jax.model.config import get_size
 from fot_jax.train import init_params
 
@@ -73,3 +73,36 @@ def test_memory_queries_score_like_the_model():
   assert q.shape == (1, 16, cfg.kv_heads, cfg.num_heads // cfg.kv_heads, cfg.dim_per_head)
   with pytest.raises(ValueError, match="kind"):
     host_index.HostIndex(np.zeros((4, 1, 2), np.float32), np.zeros((4, 1, 2), np.float32), "hnsw")
+
+
+def test_streamed_flat_equals_device_topk():
+  # far_end's streamed path (memory chunk by chunk through faiss, a running top-(k + window)) gives
+  # the suite's exact answers; chunks of 3 windows straddle both contexts. With the memory layer
+  # last, only the scored positions retrieve, so their logits are compared.
+  cfg = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=(2,))
+  params = jax.tree_util.tree_map(lambda x: x * 5.0 if x.ndim == 2 else x, init_params(cfg, 0))
+  window = TASK.defs_len
+  ev = dictionary.DictionaryEvalSet(TASK, n_docs=4, max_context=16 * TASK.defs_len, seed=3)
+  contexts = [4 * TASK.defs_len, 16 * TASK.defs_len]
+  captured = {}
+  real = dictionary._query_accuracy
+
+  def spy(task, logits_q, docs):
+    captured.setdefault(spy.key, []).append(logits_q)
+    return real(task, logits_q, docs)
+
+  dictionary._query_accuracy = spy
+  try:
+    spy.key = "device"
+    dev = dictionary.evaluate(cfg, params, ev, window, contexts, mode="topk", topk=4, batch=2, log=lambda s: None)
+    spy.key = "streamed"
+    st = far_end.evaluate_streamed(cfg, params, ev, window, contexts, topk=4, batch=2, stream_tokens=3 * window,
+                                   log=lambda s: None)
+  finally:
+    dictionary._query_accuracy = real
+  assert st["memory_tokens"] == contexts and st["recall"] == [1.0, 1.0]
+  assert st["accuracy"] == dev["accuracy"]
+  pos = far_end.scored_positions(cfg, TASK)
+  assert len(pos) == TASK.n_queries * TASK.value_len
+  for a, b in zip(captured["device"], captured["streamed"], strict=True):
+    np.testing.assert_allclose(a[:, pos], b[:, pos], atol=1e-4, rtol=1e-4)

@@ -79,6 +79,18 @@ class DictionaryEvalSet:
     ctx[c * t.defs_len:(c + 1) * t.defs_len] = doc[:t.defs_len]
     return np.concatenate([ctx, doc[t.defs_len:]])
 
+  def window_tokens(self, i: int, context: int, w: int, window: int) -> np.ndarray:
+    """stream(i, context)[w * window:(w + 1) * window] for a window of the context, without
+    copying the whole context (which is 64 MB per row at 16M tokens)."""
+    t = self.task
+    lo, hi = w * window, (w + 1) * window
+    out = self.pool[lo:hi].copy()
+    c = self.depths(context)[i] * t.defs_len
+    a, b = max(lo, c), min(hi, c + t.defs_len)
+    if a < b:
+      out[a - lo:b - lo] = self.docs[i]["tokens"][a - c:b - c]
+    return out
+
 
 def _query_accuracy(task: DictionaryTask, logits_q: np.ndarray, docs: Sequence[dict]) -> np.ndarray:
   """logits over the query block [B, queries_len, V] (+ the logit just before it at index 0
@@ -150,12 +162,8 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
       for s in range(0, n, batch):
         rows = list(range(s, min(n, s + batch)))
         own_w = [(depths[i] * task.defs_len) // window for i in rows]
-        own_tokens = np.stack([evalset.stream(i, context)[w * window:(w + 1) * window]
-                               for i, w in zip(rows, own_w)])
-        _, own_kv = forward_window(params, jnp.asarray(own_tokens), jnp.ones(own_tokens.shape, bool), None,
-                            cfg, mode, topk, chunk, stop_after=layer)
+        own_block = own_window_block(cfg, params, evalset, rows, own_w, context, window, layer, chunk)
         queries = np.stack([evalset.docs[i]["tokens"][task.defs_len:] for i in rows])
-        own_block = MemoryBlock(own_kv[layer][0], own_kv[layer][1], jnp.ones(own_tokens.shape, bool))
         if index is None:
           mask = np.ones((len(rows), context), bool)
           for r, w in enumerate(own_w):
@@ -186,13 +194,22 @@ def evaluate(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int,
   return results
 
 
-def _encode_windows(cfg, params, tokens: np.ndarray, window: int, layer: int, chunk: int,
-                    windows_per_call: int = 64, on_device: bool = True):
-  """Memory keys/values of `layer` for consecutive windows of `tokens`: [1, L, KV, D] each
-  (device arrays, or NumPy on the host when not on_device)."""
+def own_window_block(cfg, params, evalset: DictionaryEvalSet, rows: Sequence[int], own_w: Sequence[int],
+                     context: int, window: int, layer: int, chunk: int) -> MemoryBlock:
+  """The memory block of each row's own window (the one holding its definitions; window own_w[r]
+  of its stream): [len(rows), window, KV, D]."""
+  tokens = np.stack([evalset.window_tokens(i, context, w, window) for i, w in zip(rows, own_w)])
+  _, kv = forward_window(params, jnp.asarray(tokens), jnp.ones(tokens.shape, bool), None, cfg, "dense", 1, chunk,
+                         stop_after=layer)
+  return MemoryBlock(kv[layer][0], kv[layer][1], jnp.ones(tokens.shape, bool))
+
+
+def window_kv(cfg, params, tokens: np.ndarray, window: int, layer: int, chunk: int,
+              windows_per_call: int = 64):
+  """Memory keys/values of `layer` for consecutive windows of `tokens`, windows_per_call windows at
+  a time: yields NumPy ([n, KV, D], [n, KV, D]) in token order."""
   n_win = len(tokens) // window
   wins = tokens[:n_win * window].reshape(n_win, window)
-  ks, vs = [], []
   for s in range(0, n_win, windows_per_call):
     part = wins[s:s + windows_per_call]
     if len(part) < windows_per_call and n_win > windows_per_call:  # keep one compiled shape
@@ -200,10 +217,17 @@ def _encode_windows(cfg, params, tokens: np.ndarray, window: int, layer: int, ch
     _, kv = forward_window(params, jnp.asarray(part), jnp.ones(part.shape, bool), None, cfg, "dense", 1, chunk,
                     stop_after=layer)
     take = min(windows_per_call, n_win - s)
-    ks.append(np.asarray(kv[layer][0][:take]).reshape(1, take * window, *kv[layer][0].shape[2:]))
-    vs.append(np.asarray(kv[layer][1][:take]).reshape(1, take * window, *kv[layer][1].shape[2:]))
+    k, v = np.asarray(kv[layer][0][:take]), np.asarray(kv[layer][1][:take])
+    yield k.reshape(take * window, *k.shape[2:]), v.reshape(take * window, *v.shape[2:])
+
+
+def _encode_windows(cfg, params, tokens: np.ndarray, window: int, layer: int, chunk: int,
+                    windows_per_call: int = 64, on_device: bool = True):
+  """Memory keys/values of `layer` for consecutive windows of `tokens`: [1, L, KV, D] each
+  (device arrays, or NumPy on the host when not on_device)."""
+  ks, vs = zip(*window_kv(cfg, params, tokens, window, layer, chunk, windows_per_call))
   put = jnp.asarray if on_device else np.asarray
-  return put(np.concatenate(ks, 1)), put(np.concatenate(vs, 1))
+  return put(np.concatenate(ks)[None]), put(np.concatenate(vs)[None])
 
 
 def evaluate_generic(cfg: ModelConfig, params, evalset: DictionaryEvalSet, window: int, context: int,
