@@ -9,7 +9,9 @@ and per kv head, held on device in buffers whose capacity doubles as it grows
 
 * `dense`: every live memory entry joins the softmax (LongLLaMA's choice);
   `topk`: exact top-k memory entries per query and kv head (the paper's kNN);
-  `approx_topk`: jax.lax.approx_max_k per memory chunk, aiming at `recall` (TPU-native).
+  `approx_topk`: jax.lax.approx_max_k per memory chunk, aiming at `recall` (TPU-native);
+  `blocks`: InfLLM-style, each window attends to the `block_topk` memory blocks of `block_size`
+  slots its queries score best against their `block_reps` representative keys (docs/block_memory.md).
 * Generation keeps a key/value cache of the current window: one query per new token
   against cache + memory, the decode loop (sampling included) on device; a full window
   moves into memory.
@@ -30,7 +32,7 @@ import numpy as np
 
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
-from fot_jax.model.memory import MEMORY_MODES, MemoryBlock
+from fot_jax.model.memory import MEMORY_MODES, BlockSpec, MemoryBlock
 
 DOC_MODES = ("single_doc", "multi_doc")
 
@@ -257,7 +259,8 @@ class MemoryInference:
   """Window-by-window processing of long inputs with FoT memory."""
 
   def __init__(self, cfg: ModelConfig, params, window: int, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=None, recall: float = 0.95):
+               chunk: int = 65536, mem_dtype=None, recall: float = 0.95, block_size: int = 128,
+               block_reps: int = 16, block_topk: int = 8):
     if mode not in MEMORY_MODES:
       raise ValueError(f"inference.mode: must be one of {MEMORY_MODES}, got {mode!r}")
     if window <= 0:
@@ -265,6 +268,8 @@ class MemoryInference:
     self.cfg, self.params, self.window = cfg, params, window
     if not 0 < recall <= 1:
       raise ValueError(f"inference.recall: the approx_topk recall target must be in (0, 1], got {recall}")
+    if mode == "blocks":  # the model takes the block parameters where the other modes take topk
+      topk = BlockSpec(block_size, block_reps, block_topk).checked()
     self.mode, self.topk, self.chunk, self.mem_dtype = mode, topk, chunk, mem_dtype
     self.recall = recall
 

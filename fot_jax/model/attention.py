@@ -111,14 +111,16 @@ class Attention(nn.Module):
     elif memory_layer and memory:
       if mem_mode == "dense":
         extra = ops.attend_memory(q, memory, min(mem_chunk, block))
-        if extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)
-          aux.update(_rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0)))
       elif mem_mode == "topk":
         extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk)
       elif mem_mode == "approx_topk":
         extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk, recall=mem_recall)
+      elif mem_mode == "blocks":  # mem_topk: a memory.BlockSpec (or block_topk)
+        extra = mem.block_memory_partial(q, memory, mem.block_spec(mem_topk), token_mask)
       else:
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
+      if extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)
+        aux.update(_rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0)))
 
     # Nothing to merge with: the backend's fused kernel where it has one (fused_kernels).
     alone = extra is None and cache is None and not (strategy or seq_par)

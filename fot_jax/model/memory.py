@@ -1,8 +1,8 @@
 """Attention over a causal local window plus extra key/value contexts.
 
 The memory layers combine several *blocks* of keys under one softmax: the causal
-local window, crossbatch contexts (training), and memory (inference, dense or
-exact top-k). Each block is reduced to a flash-attention style partial
+local window, crossbatch contexts (training), and memory (inference, dense,
+exact top-k or retrieved blocks). Each block is reduced to a flash-attention style partial
 (running max, sum of exponentials, weighted values), so blocks can be merged in
 any order and memory can be streamed in chunks far larger than one block.
 
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 NEG = -1e30  # finite "minus infinity" keeps fully masked blocks NaN-free
-MEMORY_MODES = ("dense", "topk", "approx_topk")
+MEMORY_MODES = ("dense", "topk", "approx_topk", "blocks")
 
 
 class Partial(NamedTuple):
@@ -126,3 +126,75 @@ def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int,
     (best_s, best_v), _ = jax.lax.scan(body, (best_s, best_v), (ks, vs, ms))
   live = best_s > NEG / 2
   return block_partial(best_s, live, best_v)
+
+
+class BlockSpec(NamedTuple):
+  """'blocks' mode (docs/block_memory.md): memory in blocks of block_size slots, each represented
+  by block_reps of its keys; a window's queries attend to the block_topk best blocks. The model
+  takes it as mem_topk (a hashable tuple: static under jit and remat)."""
+  block_size: int = 128
+  block_reps: int = 16  # InfLLM uses 4 (chosen by attention received); 16 measured better here
+  block_topk: int = 8
+
+  def checked(self) -> "BlockSpec":
+    for name, value in self._asdict().items():
+      if value <= 0 or int(value) != value:
+        raise ValueError(f"inference.{name}: must be a positive integer, got {value!r}")
+    return BlockSpec(*map(int, self))  # NumPy integers hash as the same static argument
+
+
+def block_spec(topk) -> BlockSpec:
+  """mem_topk in 'blocks' mode: a BlockSpec, or an int taken as block_topk (the rest default)."""
+  return (topk if isinstance(topk, BlockSpec) else BlockSpec(block_topk=topk)).checked()
+
+
+def block_memory_partial(q, blocks: Sequence[MemoryBlock], spec: BlockSpec, query_mask) -> Partial:
+  """InfLLM-style block memory. Memory slots in blocks of spec.block_size (the last one padded
+  with dead slots); a block's representatives are its block_reps live keys farthest from the
+  block's mean key. Per row and kv head, the window's live queries (their mean, over the kv
+  head's query heads too) score each live block by its best representative; every query then
+  attends to all live tokens of the block_topk best blocks (exact softmax, `pos` when memory marks
+  positives). q [B, T, KV, G, D] (scaled); query_mask [B, T]."""
+  b, kv = q.shape[0], q.shape[2]
+  size, reps, topk = spec
+
+  def split(x):  # [Bm or B, M, ...] -> [B, N, size, ...]
+    x = jnp.broadcast_to(x, (b,) + x.shape[1:])
+    pad = -x.shape[1] % size
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape((b, x.shape[1] // size, size) + x.shape[2:])
+
+  keys = jnp.concatenate([split(x.keys.astype(jnp.float32)) for x in blocks], axis=1)  # [B, N, size, KV, D]
+  values = jnp.concatenate([split(x.values) for x in blocks], axis=1)
+  mask = jnp.concatenate([split(x.mask) for x in blocks], axis=1)  # [B, N, size]
+  positive = None
+  if any(x.positive is not None for x in blocks):
+    positive = jnp.concatenate([split(x.mask & False if x.positive is None else x.positive) for x in blocks], 1)
+  n = keys.shape[1]
+
+  # Representatives: the keys that stand out from the block's shared direction (the mean),
+  # which is what a particular query can single out; a key's raw norm would not do under
+  # mem_qk_norm, where every key has norm 1.
+  live = mask[..., None, None]
+  mean = jnp.sum(jnp.where(live, keys, 0.0), 2) / jnp.maximum(jnp.sum(mask, 2), 1)[:, :, None, None]
+  spread = jnp.where(mask[..., None], jnp.sum((keys - mean[:, :, None]) ** 2, -1), -1.0)  # [B, N, size, KV]
+  _, ri = jax.lax.top_k(jnp.moveaxis(spread, 2, -1), min(reps, size))  # [B, N, KV, r]
+  rep = jnp.take_along_axis(jnp.moveaxis(keys, 2, 3), ri[..., None], axis=3)  # [B, N, KV, r, D]
+  rep_live = jnp.take_along_axis(mask[:, :, None, :], ri, axis=3)
+
+  # The sum of the live queries ranks blocks as their mean does.
+  qsum = jnp.sum(jnp.where(query_mask[:, :, None, None, None], q.astype(jnp.float32), 0.0), axis=(1, 3))
+  s = jnp.where(rep_live, jnp.einsum("bkd,bnkrd->bnkr", qsum, rep), NEG).max(-1)  # [B, N, KV]
+  # A dead block scores NEG, below every live one; taken only when fewer live blocks than k
+  # remain, its slots stay masked.
+  _, bi = jax.lax.top_k(jnp.moveaxis(s, 1, -1), min(topk, n))  # [B, KV, k]
+
+  def take(x):  # [B, N, size, KV, ...] -> [B, k * size, KV, ...]: each kv head's chosen blocks
+    x = jnp.moveaxis(x, 3, 1)
+    x = jnp.take_along_axis(x, bi.reshape(bi.shape + (1,) * (x.ndim - 3)), axis=2)
+    return jnp.moveaxis(x.reshape((b, kv, -1) + x.shape[4:]), 1, 2)
+
+  per_head = lambda x: jnp.broadcast_to(x[..., None], x.shape + (kv,))
+  seen = jnp.moveaxis(take(per_head(mask)), 1, -1)[:, :, None, None, :]  # [B, KV, 1, 1, S]
+  pos = None if positive is None else jnp.moveaxis(take(per_head(positive)), 1, -1)[:, :, None, None, :]
+  return block_partial(scores(q, take(keys)), seen, take(values), pos)
