@@ -181,20 +181,9 @@ def _write_results(results, workdir, arms):
     print("matplotlib missing: no plot written")
     return
   fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-  xs = sd["memory_tokens"]
   n = len(sd["seeds"])
-  ax.plot(xs, sd["mean"], marker="o", color="C0",
-          label=f"FoT (window {results['fot']['window']})" + (f", mean of {n} seeds" if n > 1 else ""))
-  if n > 1:
-    ax.fill_between(xs, sd["min"], sd["max"], color="C0", alpha=0.25, label=f"FoT min-max over {n} seeds")
-  if "baseline" in arms:
-    b = results["baseline"]
-    ax.plot(b["memory_tokens"], b["accuracy"], marker="s", color="C3",
-            label=f"baseline (window {b['window']}, no crossbatch)")
-  ax.set_xscale("log", base=2)
-  ax.set_ylim(-0.02, 1.02)
-  ax.set_xlabel("context tokens (target's definitions among other dictionaries')")
-  ax.set_ylabel("accuracy (queries answered)")
+  plot_accuracy(ax, results, f"FoT (window {results['fot']['window']})" + (f", mean of {n} seeds" if n > 1 else ""),
+                f"FoT min-max over {n} seeds", "")
   ax.set_title(f"Dictionary lookup with memory (top-k {results['config']['eval']['topk']})")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
@@ -215,6 +204,23 @@ def _write_results(results, workdir, arms):
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, "dictionary_lookup.png"), dpi=120)
   plt.close(fig)
+
+
+def plot_accuracy(ax, results, fot_label, band_label, baseline_note):
+  """A dictionary run's accuracy against context tokens on `ax`: FoT's seed mean (a min-max band
+  over several seeds) and the baseline's curve, on a log2 axis (also far_end's figure)."""
+  sd = results["seeds"]
+  ax.plot(sd["memory_tokens"], sd["mean"], marker="o", color="C0", label=fot_label)
+  if len(sd["seeds"]) > 1:
+    ax.fill_between(sd["memory_tokens"], sd["min"], sd["max"], color="C0", alpha=0.25, label=band_label)
+  if "baseline" in results:
+    b = results["baseline"]
+    ax.plot(b["memory_tokens"], b["accuracy"], marker="s", color="C3",
+            label=f"baseline (window {b['window']}, no crossbatch){baseline_note}")
+  ax.set_xscale("log", base=2)
+  ax.set_ylim(-0.02, 1.02)
+  ax.set_xlabel("context tokens (target's definitions among other dictionaries')")
+  ax.set_ylabel("accuracy (queries answered)")
 
 
 def _save_and_tabulate(results, workdir, arms, metric, title):

@@ -12,33 +12,40 @@ from fot_jax.train import init_params
 TASK = DictionaryTask(num_symbols=32, num_value_symbols=16, key_len=2, value_len=2, n_defs=8, n_queries=4)
 
 
-def _model():
-  cfg = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=(1,))
+def _model(mem_layers=(1,)):
+  cfg = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=mem_layers)
   params = jax.tree_util.tree_map(lambda x: x * 5.0 if x.ndim == 2 else x, init_params(cfg, 0))
   return cfg, params
 
 
-def test_flat_host_index_equals_device_topk():
-  cfg, params = _model()
-  window = TASK.defs_len
-  ev = dictionary.DictionaryEvalSet(TASK, n_docs=4, max_context=16 * TASK.defs_len, seed=3)
-  contexts = [4 * TASK.defs_len, 16 * TASK.defs_len]
+def _evalset():
+  return dictionary.DictionaryEvalSet(TASK, n_docs=4, max_context=16 * TASK.defs_len, seed=3)
+
+
+def _capture_query_logits(monkeypatch):
+  """Records the query logits each evaluation scores, under the key set in `captured['key']`."""
   captured = {}
   real = dictionary._query_accuracy
 
   def spy(task, logits_q, docs):
-    captured.setdefault(spy.key, []).append(logits_q)
+    captured.setdefault(captured["key"], []).append(logits_q)
     return real(task, logits_q, docs)
 
-  dictionary._query_accuracy = spy
-  try:
-    spy.key = "device"
-    dev = dictionary.evaluate(cfg, params, ev, window, contexts, mode="topk", topk=4, batch=2, log=lambda s: None)
-    spy.key = "flat"
-    flat = dictionary.evaluate(cfg, params, ev, window, contexts, topk=4, batch=2, retrieval="flat",
-                               log=lambda s: None)
-  finally:
-    dictionary._query_accuracy = real
+  monkeypatch.setattr(dictionary, "_query_accuracy", spy)
+  return captured
+
+
+def test_flat_host_index_equals_device_topk(monkeypatch):
+  cfg, params = _model()
+  window = TASK.defs_len
+  ev = _evalset()
+  contexts = [4 * TASK.defs_len, 16 * TASK.defs_len]
+  captured = _capture_query_logits(monkeypatch)
+  captured["key"] = "device"
+  dev = dictionary.evaluate(cfg, params, ev, window, contexts, mode="topk", topk=4, batch=2, log=lambda s: None)
+  captured["key"] = "flat"
+  flat = dictionary.evaluate(cfg, params, ev, window, contexts, topk=4, batch=2, retrieval="flat",
+                             log=lambda s: None)
   assert flat["accuracy"] == dev["accuracy"]
   assert flat["recall"] == [1.0, 1.0]
   for a, b in zip(captured["device"], captured["flat"]):
@@ -75,31 +82,20 @@ def test_memory_queries_score_like_the_model():
     host_index.HostIndex(np.zeros((4, 1, 2), np.float32), np.zeros((4, 1, 2), np.float32), "hnsw")
 
 
-def test_streamed_flat_equals_device_topk():
+def test_streamed_flat_equals_device_topk(monkeypatch):
   # far_end's streamed path (memory chunk by chunk through faiss, a running top-(k + window)) gives
   # the suite's exact answers; chunks of 3 windows straddle both contexts. With the memory layer
   # last, only the scored positions retrieve, so their logits are compared.
-  cfg = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=(2,))
-  params = jax.tree_util.tree_map(lambda x: x * 5.0 if x.ndim == 2 else x, init_params(cfg, 0))
+  cfg, params = _model(mem_layers=(2,))
   window = TASK.defs_len
-  ev = dictionary.DictionaryEvalSet(TASK, n_docs=4, max_context=16 * TASK.defs_len, seed=3)
+  ev = _evalset()
   contexts = [4 * TASK.defs_len, 16 * TASK.defs_len]
-  captured = {}
-  real = dictionary._query_accuracy
-
-  def spy(task, logits_q, docs):
-    captured.setdefault(spy.key, []).append(logits_q)
-    return real(task, logits_q, docs)
-
-  dictionary._query_accuracy = spy
-  try:
-    spy.key = "device"
-    dev = dictionary.evaluate(cfg, params, ev, window, contexts, mode="topk", topk=4, batch=2, log=lambda s: None)
-    spy.key = "streamed"
-    st = far_end.evaluate_streamed(cfg, params, ev, window, contexts, topk=4, batch=2, stream_tokens=3 * window,
-                                   log=lambda s: None)
-  finally:
-    dictionary._query_accuracy = real
+  captured = _capture_query_logits(monkeypatch)
+  captured["key"] = "device"
+  dev = dictionary.evaluate(cfg, params, ev, window, contexts, mode="topk", topk=4, batch=2, log=lambda s: None)
+  captured["key"] = "streamed"
+  st = far_end.evaluate_streamed(cfg, params, ev, window, contexts, topk=4, batch=2, stream_tokens=3 * window,
+                                 log=lambda s: None)
   assert st["memory_tokens"] == contexts and st["recall"] == [1.0, 1.0]
   assert st["accuracy"] == dev["accuracy"]
   pos = far_end.scored_positions(cfg, TASK)

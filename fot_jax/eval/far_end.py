@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax import jsonio
+from fot_jax import jsonio, runs
 from fot_jax.eval import dictionary, host_index
 from fot_jax.inference import forward_window
 from fot_jax.model.config import ModelConfig
@@ -122,24 +122,13 @@ def plot(path: str, demo: dict, far: dict) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4.2))
-  sd = demo["seeds"]
-  n = len(sd["seeds"])
-  ax.plot(sd["memory_tokens"], sd["mean"], marker="o", color="C0",
-          label=f"FoT, demo evaluation ({demo['config']['eval']['n_docs'] * demo['config']['task']['n_queries']} "
-                f"questions" + (f", mean of {n} seeds)" if n > 1 else ")"))
-  if n > 1:
-    ax.fill_between(sd["memory_tokens"], sd["min"], sd["max"], color="C0", alpha=0.25)
-  if "baseline" in demo:
-    b = demo["baseline"]
-    ax.plot(b["memory_tokens"], b["accuracy"], marker="s", color="C3",
-            label=f"baseline (window {b['window']}, no crossbatch), demo evaluation")
+  n = len(demo["seeds"]["seeds"])
+  questions = demo["config"]["eval"]["n_docs"] * demo["config"]["task"]["n_queries"]
+  runs.plot_accuracy(ax, demo, f"FoT, demo evaluation ({questions} questions"
+                     + (f", mean of {n} seeds)" if n > 1 else ")"), None, ", demo evaluation")
   ax.plot(far["memory_tokens"], far["accuracy"], marker="D", color="C2",
           label=f"FoT, streamed exact retrieval ({far['questions']} questions, keys split)")
   ax.axhline(PAPER, color="k", linestyle="--", linewidth=1, label="FoT paper: above 0.92 at 16M tokens")
-  ax.set_xscale("log", base=2)
-  ax.set_ylim(-0.02, 1.02)
-  ax.set_xlabel("context tokens (target's definitions among other dictionaries')")
-  ax.set_ylabel("accuracy (queries answered)")
   ax.set_title(f"Dictionary lookup up to {far['memory_tokens'][-1]:,} tokens of memory (top-k {far['topk']})")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, loc="lower left")
