@@ -220,26 +220,3 @@ def shardings_from_specs(mesh_specs, mesh: Mesh):
   """Tree of mesh PartitionSpecs -> tree of NamedShardings."""
   return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), mesh_specs,
                                 is_leaf=lambda x: isinstance(x, P))
-
-
-def weights_in_compute_dtype(params, dtype, shardings=None):
-  """The decoder's weight matrices (Dense kernels, not the embedding or lm_head) cast to the
-  compute `dtype`, each pinned to its parameter's sharding, so the cast happens on the shard
-  and what FSDP all-gathers is half precision (half the bytes moved and held). The layers
-  cast their kernels to this dtype anyway (flax Dense with dtype=...), so values are the same;
-  parameters and optimizer state stay float32 and their gradients come back float32.
-  float32 compute: params unchanged."""
-  dtype = jax.numpy.dtype(dtype)
-  if dtype == jax.numpy.float32:
-    return params
-
-  def cast(path, p, sh=None):
-    names = [getattr(k, "key", str(k)) for k in path]
-    if names[-1] != "kernel" or "lm_head" in names:
-      return p
-    p = p.astype(dtype)
-    return p if sh is None else jax.lax.with_sharding_constraint(p, sh)
-
-  if shardings is None:
-    return jax.tree_util.tree_map_with_path(cast, params)
-  return jax.tree_util.tree_map_with_path(cast, params, shardings)

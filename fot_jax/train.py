@@ -27,7 +27,7 @@ from fot_jax import crossbatch, jsonio, parallel
 from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel as cp
 from fot_jax.model.config import ModelConfig
-from fot_jax.model.llama import LlamaModel
+from fot_jax.model.llama import LlamaModel, weights_in_compute_dtype
 
 
 @flax.struct.dataclass
@@ -218,7 +218,7 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
 
   def micro_sums(train_params, all_params, inputs, targets, mask, acc_mask, sources, positive, widths):
     params = _merge(trainable, all_params, train_params)  # frozen leaves enter as constants
-    params = parallel.weights_in_compute_dtype(params, cfg.dtype, state_sh.params)
+    params = weights_in_compute_dtype(params, cfg.dtype, state_sh.params)
     plan = None
     if sources.shape[-1]:
       plan = (sources, positive) if widths is None else (sources, positive, widths)

@@ -9,7 +9,7 @@ from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
 from fot_jax import crossbatch
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import get_size
-from fot_jax.model.llama import LlamaModel
+from fot_jax.model.llama import LlamaModel, weights_in_compute_dtype
 from fot_jax.train import init_params, lm_loss_sums, make_optimizer, make_train_step, train, TrainState
 
 TASK = DictionaryTask(num_symbols=32, num_value_symbols=16, key_len=1, value_len=1, n_defs=8, n_queries=8)
@@ -135,19 +135,18 @@ def test_weights_cast_to_compute_dtype_before_use_change_nothing():
   parameters. The embedding, lm_head and norms stay float32."""
   import dataclasses
   from flax import traverse_util
-  from fot_jax import parallel
   cfg = dataclasses.replace(CFG, dtype="bfloat16")
   params = init_params(cfg, 0)
-  cast = traverse_util.flatten_dict(parallel.weights_in_compute_dtype(params, "bfloat16"), sep="/")
+  cast = traverse_util.flatten_dict(weights_in_compute_dtype(params, "bfloat16"), sep="/")
   kinds = {k: str(v.dtype) for k, v in cast.items()}
   assert kinds["layers_0/mlp/up_proj/kernel"] == "bfloat16"
   assert kinds["layers_0/self_attn/q_proj/kernel"] == "bfloat16"
   assert {v for k, v in kinds.items() if not k.endswith("/kernel") or k.startswith("lm_head")} == {"float32"}
-  assert parallel.weights_in_compute_dtype(params, "float32") is params
+  assert weights_in_compute_dtype(params, "float32") is params
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 8)), jnp.int32)
 
   def loss(p, cast):
-    p = parallel.weights_in_compute_dtype(p, cfg.dtype) if cast else p
+    p = weights_in_compute_dtype(p, cfg.dtype) if cast else p
     return jnp.sum(LlamaModel(cfg).apply({"params": p}, tokens)[0][..., 0])
 
   for a, b in zip(jax.tree_util.tree_leaves(jax.value_and_grad(loss)(params, True)),

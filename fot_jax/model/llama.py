@@ -143,13 +143,10 @@ class LlamaModel(nn.Module):
     """Layers `run` (non-memory, consecutive) as one lax.scan over their stacked parameters;
     gradients reach each layers_i through the stack."""
     cfg = self.cfg
-    dtype = jnp.dtype(cfg.dtype)
-
-    def weights(i):  # half-precision matrices here, so a gather inside the loop moves half the bytes
-      p = nn.meta.unbox(self.variables["params"][f"layers_{i}"])
-      return jax.tree.map(lambda a: a.astype(dtype) if a.ndim >= 2 and dtype != jnp.float32 else a, p)
-
-    stacked = jax.tree.map(lambda *a: jnp.stack(a), *[weights(i) for i in run])
+    # Half-precision kernels here, so a gather inside the loop moves half the bytes.
+    weights = [weights_in_compute_dtype(nn.meta.unbox(self.variables["params"][f"layers_{i}"]), cfg.dtype)
+               for i in run]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *weights)
     layer = DecoderLayer(cfg, False, parent=None)  # unbound: applied functionally, not a child
 
     def body(h, p):
@@ -174,3 +171,27 @@ def _segments(cfg: ModelConfig, n: int, scan: bool):
     else:
       out.append([i])
   return out
+
+
+def weights_in_compute_dtype(params, dtype, shardings=None):
+  """The decoder's weight matrices (Dense kernels, not the embedding or lm_head) cast to the
+  compute `dtype`, each pinned to its parameter's sharding, so the cast happens on the shard
+  and what FSDP all-gathers is half precision (half the bytes moved and held). The layers
+  cast their kernels to this dtype anyway (flax Dense with dtype=...), so values are the same;
+  parameters and optimizer state stay float32 and their gradients come back float32.
+  float32 compute: params unchanged. The train step casts the whole tree (pinned to the
+  parameter shardings); a scanned run casts its layers' weights when stacking them."""
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.float32:
+    return params
+
+  def cast(path, p, sh=None):
+    names = [getattr(k, "key", str(k)) for k in path]
+    if names[-1] != "kernel" or "lm_head" in names:
+      return p
+    p = p.astype(dtype)
+    return p if sh is None else jax.lax.with_sharding_constraint(p, sh)
+
+  if shardings is None:
+    return jax.tree_util.tree_map_with_path(cast, params)
+  return jax.tree_util.tree_map_with_path(cast, params, shardings)
