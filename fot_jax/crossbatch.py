@@ -139,8 +139,9 @@ def scored_rows(batch_size: int, pack: int, loss_on: str) -> np.ndarray:
 
 
 def plan_from_spec(batch_size: int, spec: dict) -> Plan:
-  """spec: {'d': int, 'w': int} (analysis) or {'segments': [(p, n), ...]}; {} or None: no crossbatch."""
-  if not spec:
+  """spec: {'d': int, 'w': int} (analysis) or {'segments': [(p, n), ...]}; {} or None: no crossbatch
+  (nor for a recurrent-memory spec, {'memory': ...}: fot_jax/recurrent.py)."""
+  if not spec or spec.get("memory") is not None:
     return empty_plan(batch_size)
   if "segments" in spec and spec["segments"] is not None:
     return segments_plan(batch_size, spec["segments"])
@@ -152,6 +153,8 @@ def plan_from_spec(batch_size: int, spec: dict) -> Plan:
 def pack_size(spec: dict) -> int:
   if not spec:
     return 1
+  if spec.get("memory") is not None:  # recurrent memory (fot_jax/recurrent.py): a slot's windows per step
+    return int(spec.get("windows", 1))
   if spec.get("segments") is not None:
     return len(spec["segments"])
   return int(spec["w"]) + 1

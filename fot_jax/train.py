@@ -24,10 +24,12 @@ import orbax.checkpoint as ocp
 from flax import traverse_util
 
 from fot_jax import crossbatch, jsonio, parallel
+from fot_jax import recurrent as recurrent_lib
 from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel as cp
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel, weights_in_compute_dtype
+from fot_jax.recurrent import RecurrentSpec
 
 
 @flax.struct.dataclass
@@ -190,7 +192,7 @@ def lm_loss_sums(logits, targets, mask):
 
 
 def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None, rules=None,
-                    trainable: Optional[Trainable] = None):
+                    trainable: Optional[Trainable] = None, recurrent: Optional[RecurrentSpec] = None):
   """Returns step(state, batch, sources, positive, widths=None) -> (state, metrics), jitted over `mesh`.
 
   batch: inputs/targets [B, T] int32, loss_mask [B, T] bool (already restricted
@@ -201,6 +203,12 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
   G crossbatch groups, see stacked_plan). widths (static, a tuple: crossbatch.pack_widths of
   the plan) lets each pack position's rows attend to only their own extra contexts; None
   makes every row attend to all N plan columns (masked), with the same result.
+
+  recurrent (a fot_jax.recurrent.RecurrentSpec: the Memorizing Transformer / Transformer-XL
+  baselines) instead returns step(state, batch, carry) -> (state, metrics, carry): no plan; each
+  slot's `recurrent.windows` rows run in order and `carry` (recurrent.init_carry: per slot, split
+  over the batch axes like the rows) is what the last window left; batch['doc_ids'] [B, T] int32
+  is required (recurrent.step_doc_ids).
 
   trainable: only those parameters are differentiated and updated (the optimizer state holds
   them alone: init it with `trainable.select(params)`); None: all.
@@ -230,9 +238,22 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
     logits, aux = model.apply({"params": params}, inputs, positions=positions, plan=plan)
     loss_sum, _, count = lm_loss_sums(logits, targets, mask)
     _, correct, acc_count = lm_loss_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
-    return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"])
+    return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"], None)
+
+  def micro_recurrent(train_params, all_params, inputs, targets, mask, acc_mask, doc, carry, widths):
+    del widths
+    params = _merge(trainable, all_params, train_params)
+    params = weights_in_compute_dtype(params, cfg.dtype, state_sh.params)
+    (loss_sum, correct, acc_count, count), carry = recurrent_lib.recurrent_sums(
+        model, params, recurrent, lm_loss_sums, inputs, targets, mask, acc_mask, doc, carry)
+    zero = jnp.zeros((), jnp.float32)
+    return loss_sum, (correct, acc_count, count, zero, zero, carry)
 
   shards = parallel.batch_shards(mesh, rules)
+
+  def split(x):  # [B, ...] -> [accum, B/accum, ...]: each group is spread over all batch shards again
+    x = x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:])
+    return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
 
   def step(state: TrainState, batch, sources, positive, widths=None):
     rows = batch["inputs"].shape[0] // accum_steps
@@ -242,29 +263,34 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
       # (measured: 67.10 GiB per device against 33.25 padded). The padded path is the same result.
       widths = None
     with nn.logical_axis_rules(rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      return step_body(state, batch, sources, positive, widths)
+      acc_mask = batch.get("accuracy_mask", batch["loss_mask"])
+      xs = tuple(split(batch[f]) for f in ("inputs", "targets", "loss_mask")) + (split(acc_mask), sources, positive)
+      state, metrics, _ = step_body(state, micro_sums, xs, widths)
+      return state, metrics
 
-  def step_body(state: TrainState, batch, sources, positive, widths):
-    def split(x):  # each accumulation group is spread over all batch shards again
-      x = x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:])
-      return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
+  def step_recurrent(state: TrainState, batch, carry):
+    with nn.logical_axis_rules(rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      acc_mask = batch.get("accuracy_mask", batch["loss_mask"])
+      xs = tuple(split(batch[f]) for f in ("inputs", "targets", "loss_mask")) + (
+          split(acc_mask), split(batch["doc_ids"]), jax.tree_util.tree_map(split, carry))
+      state, metrics, carries = step_body(state, micro_recurrent, xs, None)
+      return state, metrics, jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), carries)
 
-    acc_mask = batch.get("accuracy_mask", batch["loss_mask"])
-    xs = (split(batch["inputs"]), split(batch["targets"]), split(batch["loss_mask"]), split(acc_mask),
-          sources, positive)
-    grad_fn = jax.value_and_grad(micro_sums, has_aux=True)
-
+  def step_body(state: TrainState, micro, xs, widths):
+    """Gradients summed over the accumulation groups xs (leading axis accum) -> (state, metrics,
+    the groups' stacked outputs: the recurrent carry, or None)."""
+    grad_fn = jax.value_and_grad(micro, has_aux=True)
     train_params = _select(trainable, state.params)
 
     def body(carry, x):
       grads, sums = carry
       (loss_sum, rest), g = grad_fn(train_params, state.params, *x, widths)
       grads = jax.tree_util.tree_map(jnp.add, grads, g)
-      sums = sums + jnp.stack([loss_sum, *rest])
-      return (grads, sums), None
+      sums = sums + jnp.stack([loss_sum, *rest[:-1]])
+      return (grads, sums), rest[-1]
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, train_params)
-    (grads, sums), _ = jax.lax.scan(body, (zeros, jnp.zeros(6, jnp.float32)), xs)
+    (grads, sums), outs = jax.lax.scan(body, (zeros, jnp.zeros(6, jnp.float32)), xs)
     loss_sum, correct, acc_count, count, rd_num, rd_den = sums
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
@@ -274,11 +300,15 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
                "tokens_scored": count,
                "rd": jnp.where(rd_den > 0, rd_num / jnp.maximum(rd_den, 1.0), jnp.nan),
                "grad_norm": optax.tree.norm(grads)}
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state), metrics, outs
 
   _, state_sh = state_shardings(cfg, optimizer, mesh, rules, trainable)
   rep = parallel.replicated(mesh)
-  return jax.jit(step, in_shardings=(state_sh, parallel.batch_sharding(mesh, rules), rep, rep),
+  batch_sh = parallel.batch_sharding(mesh, rules)
+  if recurrent is not None:
+    return jax.jit(step_recurrent, in_shardings=(state_sh, batch_sh, batch_sh),
+                   out_shardings=(state_sh, rep, batch_sh), donate_argnums=(0, 2))
+  return jax.jit(step, in_shardings=(state_sh, batch_sh, rep, rep),
                  out_shardings=(state_sh, rep), donate_argnums=(0,), static_argnums=(4,))
 
 
@@ -505,14 +535,37 @@ def _quiet_closed_loop_callbacks():
   return previous
 
 
-def _restore(manager, step: int, target, ckpt_dir: str):
-  """The train state and extra JSON of `step`; a step that does not restore (files truncated or
-  deleted) is a ValueError naming its folder."""
+def _new_carry(cfg: ModelConfig, rspec: RecurrentSpec, slots: int, window: int, mesh, rules):
+  """An empty recurrent carry for the global batch's slots, created in the batch's sharding."""
+  parallel.check_batch_rows(slots, mesh, rules, "recurrent memory (one carry row per slot)")
+  return jax.jit(lambda: recurrent_lib.init_carry(cfg, rspec, slots, window),
+                 out_shardings=parallel.batch_sharding(mesh, rules))()
+
+
+def _carry_target(step: int, ckpt_dir: str, mesh, rules):
+  """The abstract recurrent carry saved with `step`, from the saved arrays' metadata, in the
+  batch's sharding; None when that step has none."""
+  folder = os.path.join(ckpt_dir, str(step), "carry")
+  if not os.path.isdir(folder):
+    return None
+  with _orbax_logs_off():
+    meta = ocp.StandardCheckpointer().metadata(folder)
+  tree = getattr(meta, "item_metadata", meta)
+  tree = getattr(tree, "tree", tree)
+  sharding = parallel.batch_sharding(mesh, rules)
+  return jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding),
+                                dict(tree), is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
+
+
+def _restore(manager, step: int, target, ckpt_dir: str, carry_target=None):
+  """The train state and extra JSON of `step` (and the recurrent carry, given its target); a step
+  that does not restore (files truncated or deleted) is a ValueError naming its folder."""
   previous_hook = _quiet_closed_loop_callbacks()
+  items = {} if carry_target is None else {"carry": ocp.args.StandardRestore(carry_target)}
   try:
     with _orbax_logs_off():  # orbax logs a damaged file's error before raising it
       restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore(), **items))
     sys.unraisablehook = previous_hook  # restored: nothing is left in flight
     return restored
   except Exception as e:  # orbax raises KeyError, ValueError, JSONDecodeError... for a damaged step
@@ -620,7 +673,6 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   """
   steps = int(train_cfg["steps"])
   accum = int(train_cfg.get("accum_steps", 1))
-  pack = schedule.pack
   optimizer = make_optimizer(train_cfg["optim"])
   feeds = _batch_sources(schedule, batch_fn)
   mesh_cfg = train_cfg.get("mesh")
@@ -649,12 +701,17 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
     if init_params_tree is None and train_cfg.get("init_from") and latest is None:
       init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
     start = 0
+    carry, carry_phase = None, None  # recurrent memory (fot_jax/recurrent.py) and the phase it belongs to
     if latest is not None:
       start = latest
       target = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                       abstract, shardings)
-      restored = _restore(manager, start, target, ckpt_dir)
+      carry_target = _carry_target(start, ckpt_dir, mesh, rules)
+      restored = _restore(manager, start, target, ckpt_dir, carry_target)
       state = restored["state"]
+      if carry_target is not None:
+        carry = {name: tuple(c) for name, c in restored["carry"].items()}
+        carry_phase = restored["extra"]["carry_phase"]
       schedule.load_state_dict(restored["extra"]["schedule"])
       _restore_data(restored["extra"], feeds)
       _print(f"[{name}] resumed from step {start}")
@@ -667,6 +724,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   if restore_only:
     steps = start
   step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable)
+  recurrent_steps = {}  # RecurrentSpec -> its step function
   batch_sharding = parallel.batch_sharding(mesh, rules)
   log = MetricsLog(workdir, name, bool(train_cfg.get("tensorboard", True)) and not restore_only)
   log_every = int(train_cfg.get("log_every", 10))
@@ -679,6 +737,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
       if schedule.finished(step):
         break
       spec, phase = schedule.spec(step), schedule.phase_index(step)
+      pack = crossbatch.pack_size(spec)
+      rspec = recurrent_lib.recurrent_spec(spec)
       batch = feeds[schedule.task(step)](schedule.task_step(step))  # each task's batches in order
       rows, seq = batch["inputs"].shape
       if rows % pack:
@@ -695,10 +755,20 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
       if step == start and jax.process_index() == 0:  # lets export_hf / from_pretrained read this workdir
         from fot_jax.convert.checkpoint import write_model_json
         write_model_json(workdir, model_cfg, **{"window": seq, **(model_meta or {})})
-      sources, positive = stacked_plan(spec, global_rows, accum, groups)
-      state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
-                               parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh),
-                               crossbatch.pack_widths(sources, crossbatch.pack_size(spec)))
+      if rspec is not None:  # the Memorizing Transformer / Transformer-XL: a carry instead of a plan
+        if carry is None or carry_phase != phase:  # a new phase starts with empty memory
+          carry = _new_carry(model_cfg, rspec, global_rows // pack, seq, mesh, rules)
+          carry_phase = phase
+        if rspec not in recurrent_steps:
+          recurrent_steps[rspec] = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable, rspec)
+        batch = dict(batch, doc_ids=recurrent_lib.step_doc_ids(batch, step, pack).astype(np.int32))
+        state, metrics, carry = recurrent_steps[rspec](state, parallel.global_batch(batch, batch_sharding), carry)
+      else:
+        carry = carry_phase = None
+        sources, positive = stacked_plan(spec, global_rows, accum, groups)
+        state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
+                                 parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh),
+                                 crossbatch.pack_widths(sources, pack))
       metrics = {k: float(v) for k, v in metrics.items()}
       schedule.observe(step, metrics)
       tokens_seen += global_rows * seq
@@ -722,8 +792,12 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         _print(f"[{name}] the curriculum's last phase ended at step {step + 1}: training stops")
       preempted = watch.reached(step + 1)
       if (ckpt_every and (step + 1) % ckpt_every == 0) or step + 1 == steps or preempted or done:
-        manager.save(step + 1, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(_extra_state(schedule, feeds))))
+        items = {"state": ocp.args.StandardSave(state)}
+        extra = _extra_state(schedule, feeds)
+        if carry is not None:  # a resumed run's memory is the one it stopped with
+          items["carry"] = ocp.args.StandardSave(carry)
+          extra["carry_phase"] = int(carry_phase)
+        manager.save(step + 1, args=ocp.args.Composite(extra=ocp.args.JsonSave(extra), **items))
       if preempted and step + 1 < steps:
         manager.wait_until_finished()
         _print(f"[{name}] SIGTERM: saved step {step + 1}; the same command resumes from it")

@@ -41,10 +41,14 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory: Optional[Sequence[mem.MemoryBlock]] = None,
                mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
-               want_mem_kv: bool = False, cache=None, want_cache: bool = False, mem_recall: float = 0.95):
+               want_mem_kv: bool = False, cache=None, want_cache: bool = False, mem_recall: float = 0.95,
+               prev=None):
     """cache: generation (k [B, W, KV, D], v, memory keys or None, fill [B]): the t new tokens
     go to slots fill..fill+t-1 and attend to the cache; aux['cache'] returns it updated.
-    want_cache: aux['cache'] = this window's (keys, values, memory keys or None)."""
+    want_cache: aux['cache'] = this window's (keys, values, memory keys or None).
+    prev: Transformer-XL (fot_jax/recurrent.py): the previous window's (keys before RoPE
+    [B, P, KV, D], values, mask [B, P]), attended as the P tokens just before this window
+    (positions - P), causally with it; aux['prev_kv'] = this window's (keys before RoPE, values)."""
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     b, t, _ = x.shape
@@ -80,13 +84,14 @@ class Attention(nn.Module):
 
     impl, block = cfg.attention_impl, cfg.attention_block
     strategy = cfg.position_strategy and not (memory_layer and cfg.mem_positions == "none")
-    if strategy and cache is not None:
+    if strategy and (cache is not None or prev is not None):
       raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)}: not supported with cached "
-                       f"generation; score the prompt with process() / logits_with_memory()")
+                       f"generation or a Transformer-XL segment; score the prompt with process() / "
+                       f"logits_with_memory()")
     seq_par = cp.active() and cache is None  # the window is split over the mesh's context axis
-    if seq_par and strategy:
-      raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)}: not supported with "
-                       f"mesh.context > 1")
+    if seq_par and (strategy or prev is not None):
+      raise ValueError(f"model.position_strategy {dict(cfg.position_strategy)} / a Transformer-XL segment: "
+                       f"not supported with mesh.context > 1")
     aux = {}
     if cache is not None:
       keys, values, mem_keys, fill = cache
@@ -98,6 +103,16 @@ class Attention(nn.Module):
       key_mask = jnp.arange(keys.shape[1])[None, :] < (fill + t)[:, None]
       q_pos = fill[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
       aux["cache"] = (keys, values, mem_keys)
+    elif prev is not None:  # Transformer-XL: the previous window, then this one
+      prev_k, prev_v, prev_mask = prev
+      p = prev_k.shape[1]
+      if not (memory_layer and cfg.mem_positions == "none"):
+        prev_k = apply_rope(prev_k, positions[:, :1] - p + jnp.arange(p, dtype=jnp.int32)[None, :], cfg)
+      keys = jnp.concatenate([prev_k.astype(k.dtype), k], axis=1)
+      values = jnp.concatenate([prev_v.astype(v.dtype), v], axis=1)
+      key_mask = jnp.concatenate([prev_mask, token_mask], axis=1)
+      q_pos = jnp.broadcast_to(p + jnp.arange(t, dtype=jnp.int32), (b, t))
+      aux["prev_kv"] = (k_pre, v)
     else:
       keys, values, key_mask = k, v, token_mask
       q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -123,7 +138,7 @@ class Attention(nn.Module):
         aux.update(_rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0)))
 
     # Nothing to merge with: the backend's fused kernel where it has one (fused_kernels).
-    alone = extra is None and cache is None and not (strategy or seq_par)
+    alone = extra is None and cache is None and prev is None and not (strategy or seq_par)
     kernel = fused_kernels.for_window(cfg, t) if impl == "fused" and alone else None
     if kernel is not None:
       out = kernel.call(q, k, v, token_mask)

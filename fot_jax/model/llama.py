@@ -44,13 +44,13 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory=None, mem_mode="dense",
                mem_topk=32, mem_chunk=65536, want_mem_kv=False, cache=None, want_cache=False,
-               mem_recall=0.95, plan_widths=None):
+               mem_recall=0.95, plan_widths=None, prev=None):
     cfg = self.cfg
     if plan is not None and plan_widths is not None:  # static: a separate argument so remat keeps it concrete
       plan = tuple(plan) + (plan_widths,)
     h, aux = Attention(cfg, self.is_memory, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="input_layernorm")(x), positions, token_mask,
-        plan, memory, mem_mode, mem_topk, mem_chunk, want_mem_kv, cache, want_cache, mem_recall)
+        plan, memory, mem_mode, mem_topk, mem_chunk, want_mem_kv, cache, want_cache, mem_recall, prev)
     x = x + h
     x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="post_attention_layernorm")(x))
     x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
@@ -67,6 +67,9 @@ class LlamaModel(nn.Module):
   want_cache: aux['cache'] = {layer: (keys, values, memory keys or None)} of this window.
   cache, cache_fill [B]: generation; the tokens go to slots cache_fill.. of each layer's
   cache (positions = slots) and aux['cache'] holds the updated caches.
+  prev: Transformer-XL (fot_jax/recurrent.py): {layer: (keys before RoPE, values, mask)} of the
+  previous window, attended before this one in every layer; aux['prev_kv'] = {layer: (keys
+  before RoPE, values)} of this window.
 
   cfg.scan_layers: without cache/want_cache and with the intermediates collection immutable,
   each run of >= 2 consecutive non-memory layers is one lax.scan over their weights, stacked
@@ -82,7 +85,7 @@ class LlamaModel(nn.Module):
                mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
                want_mem_kv: bool = False, stop_after: Optional[int] = None,
                cache: Optional[Dict[int, tuple]] = None, cache_fill=None, want_cache: bool = False,
-               mem_recall: float = 0.95):
+               mem_recall: float = 0.95, prev: Optional[Dict[int, tuple]] = None):
     cfg = self.cfg
     b, t = tokens.shape
     if cache is not None and positions is None:
@@ -104,10 +107,10 @@ class LlamaModel(nn.Module):
       plan, widths = tuple(plan[:2]), tuple(int(w) for w in plan[2])
     rd_num = jnp.zeros((), jnp.float32)
     rd_den = jnp.zeros((), jnp.float32)
-    mem_kv, caches = {}, {}
+    mem_kv, caches, prev_kv = {}, {}, {}
     last = cfg.num_layers - 1 if stop_after is None else stop_after
     scan = (cfg.scan_layers and not self.is_initializing() and cache is None and not want_cache
-            and not self.is_mutable_collection("intermediates"))
+            and prev is None and not self.is_mutable_collection("intermediates"))
     for run in _segments(cfg, last + 1, scan):
       if len(run) > 1:
         x = self._scan_run(run, x, positions, token_mask, policy)
@@ -118,14 +121,18 @@ class LlamaModel(nn.Module):
       x, aux = layer_cls(cfg, is_mem, name=f"layers_{i}")(
           x, positions, token_mask, plan if is_mem else None, layer_memory, mem_mode, mem_topk,
           mem_chunk, want_mem_kv, None if cache is None else cache[i] + (cache_fill,), want_cache,
-          mem_recall, widths if is_mem else None)
+          mem_recall, widths if is_mem else None, None if prev is None else prev[i])
       if "rd_num" in aux:
         rd_num, rd_den = rd_num + aux["rd_num"], rd_den + aux["rd_den"]
       if "mem_kv" in aux:
         mem_kv[i] = aux["mem_kv"]
       if "cache" in aux:
         caches[i] = aux["cache"]
+      if "prev_kv" in aux:
+        prev_kv[i] = aux["prev_kv"]
     out_aux = {"rd_num": rd_num, "rd_den": rd_den}
+    if prev_kv:
+      out_aux["prev_kv"] = prev_kv
     if want_mem_kv:
       out_aux["mem_kv"] = mem_kv
     if caches:
