@@ -10,11 +10,12 @@ import os
 
 from data_pipelines.copy_task import CopyTask
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax import crossbatch
+from fot_jax import crossbatch, recurrent
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig, get_size
 
-EXPERIMENTS = ("dictionary_lookup", "lm")
+EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
+LM_EXPERIMENTS = ("lm", "baselines")  # experiments/base_lm.py fields
 
 
 def _plain(x):
@@ -95,8 +96,9 @@ def validate(config, check_data: bool = True) -> None:
   check_data=False skips what needs the data on this machine (LM vocabulary and tasks)."""
   if config.get("experiment") not in EXPERIMENTS:
     raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {config.get('experiment')!r}")
-  if config.experiment == "lm":
-    return validate_lm(config, check_data)
+  if config.experiment in LM_EXPERIMENTS:
+    validate_lm(config, check_data)
+    return validate_baselines(config) if config.experiment == "baselines" else None
   cfg = model_config(config)
   task = dictionary_task(config)
   if cfg.vocab_size < task.vocab_size:
@@ -156,7 +158,7 @@ def validate(config, check_data: bool = True) -> None:
 
 def train_shape(config):
   """(global rows, window, accum_steps, schedule) of one training step of an experiment."""
-  if config.experiment == "lm":
+  if config.experiment in LM_EXPERIMENTS:
     d, t = config.data, config.train
     return int(d.slots) * int(d.windows_per_slot), int(d.window), int(t.get("accum_steps", 1)), \
         Schedule(t.curriculum)
@@ -203,6 +205,9 @@ def validate_lm(config, check_data: bool = True) -> None:
                      f"(gradient accumulation never splits a pack)")
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
+    rspec = recurrent.recurrent_spec(spec)  # the Memorizing Transformer / Transformer-XL phases
+    if rspec is not None:
+      recurrent.check(rspec, cfg, int(d.window))
   warmup = warmup_task_name(config)
   warmup_phases = [p for p in sched.phases if warmup is not None and p.get("task") == warmup]
   if warmup_phases:
@@ -230,6 +235,26 @@ def validate_lm(config, check_data: bool = True) -> None:
     raise ValueError(f"eval.memory_tokens / eval.score_tokens: must be >= 0 / > 0, got "
                      f"{list(ev.memory_tokens)} / {ev.score_tokens}")
   validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
+
+
+# experiment 'baselines' (fot_jax/baselines.py): FoT first, then the paper's comparisons
+BASELINE_ARMS = ("fot", "memorizing", "transformer_xl", "plain", "hybrid")
+
+
+def validate_baselines(config) -> None:
+  b = config.baselines
+  unknown = sorted(set(b.arms) - set(BASELINE_ARMS))
+  if unknown or not b.arms or b.arms[0] != "fot":
+    raise ValueError(f"baselines.arms: 'fot' first, then any of {BASELINE_ARMS}; got {list(b.arms)}")
+  if not b.seeds:
+    raise ValueError("baselines.seeds: at least one seed")
+  cfg, window = model_config(config), int(config.data.window)
+  spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": int(b.memory_tokens), "topk": int(b.topk)})
+  recurrent.check(spec, cfg, window)
+  if warmup_task_name(config) is not None:  # the copy warm-up's windows hold memory too
+    recurrent.check(spec, cfg, int(config.warmup.span))
+  if "hybrid" in b.arms and int(b.hybrid_steps) <= 0:
+    raise ValueError(f"baselines.hybrid_steps: must be positive, got {b.hybrid_steps}")
 
 
 INIT_FROM_HINT = ("make one with `python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`, or give a "
@@ -283,7 +308,7 @@ def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch
     from fot_jax.model import context_parallel
     window = train_shape(config)[1]
     context_parallel.check_length(window, context, cfg.context_layout,
-                                  "data.window" if config.experiment == "lm" else "fot.window")
+                                  "data.window" if config.experiment in LM_EXPERIMENTS else "fot.window")
     context_parallel.check_heads(cfg.context_parallel, cfg.num_heads, cfg.kv_heads, context,
                                  sizes["tensor"] * dcn["tensor"])
   shape = types.SimpleNamespace(shape={a: sizes[a] * dcn[a] for a in parallel.AXES})

@@ -122,6 +122,9 @@ def _main():
   elif config.experiment == "lm":
     from fot_jax import runs
     runs.run_lm(config, _WORKDIR.value, train=_MODE.value == "train")
+  elif config.experiment == "baselines":
+    from fot_jax import baselines
+    baselines.run_baselines(config, _WORKDIR.value, train=_MODE.value == "train")
 
 
 if __name__ == "__main__":

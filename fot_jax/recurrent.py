@@ -178,3 +178,54 @@ def step_doc_ids(batch, step: int, windows: int) -> np.ndarray:
   slots = rows // windows
   ids = step * slots + np.arange(slots)
   return np.broadcast_to(np.repeat(ids, windows)[:, None], (rows, t)).astype(np.int32)
+
+
+class XLMemory:
+  """Transformer-XL's state at inference: the last window's keys/values of every layer."""
+
+  def __init__(self, cfg: ModelConfig, batch: int, window: int):
+    self.batch = batch
+    self.carry = init_carry(cfg, RecurrentSpec("transformer_xl"), batch, window)
+
+
+class XLInference:
+  """MemoryInference's interface (new_memory / process) for a Transformer-XL model: windows of
+  `window` tokens in order, each attending to the previous window's cached keys/values in every
+  layer; the evaluation suites (perplexity, passkey) run on it unchanged. Only the input's last
+  window may be partial (padded at its end): a window after a partial one would see its cache
+  at the wrong distance, so process() refuses to continue after one."""
+
+  def __init__(self, cfg: ModelConfig, params, window: int):
+    from fot_jax.model.llama import LlamaModel  # the model imports nothing from here
+    self.cfg, self.params, self.window = cfg, params, int(window)
+    model = LlamaModel(cfg)
+
+    def forward(params, tokens, mask, carry):
+      prev = {int(name.split("_")[1]): c for name, c in carry.items()}
+      logits, aux = model.apply({"params": params}, tokens, token_mask=mask, prev=prev)
+      return logits, {f"layers_{i}": (k, v, mask) for i, (k, v) in aux["prev_kv"].items()}
+    self._forward = jax.jit(forward)
+
+  def new_memory(self, batch: int) -> XLMemory:
+    return XLMemory(self.cfg, batch, self.window)
+
+  def process(self, tokens, memory: XLMemory, token_mask=None, want_logits: bool = True, logits_from: int = 0):
+    tokens = np.asarray(tokens, np.int32)
+    b, length = tokens.shape
+    if b != memory.batch:
+      raise ValueError(f"inference: {b} rows but the memory was made for {memory.batch}")
+    if getattr(memory, "partial", False):
+      raise ValueError("transformer_xl inference: the previous call ended in a partial window; its cache "
+                       "would sit at the wrong distance")
+    token_mask = np.ones((b, length), bool) if token_mask is None else np.asarray(token_mask, bool)
+    outs = []
+    for start in range(0, length, self.window):
+      tok, msk = tokens[:, start:start + self.window], token_mask[:, start:start + self.window]
+      n = tok.shape[1]
+      if n < self.window:
+        tok, msk = (np.pad(x, [(0, 0), (0, self.window - n)]) for x in (tok, msk))
+        memory.partial = True
+      logits, memory.carry = self._forward(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.carry)
+      if want_logits and start + self.window > logits_from:
+        outs.append(np.asarray(logits[:, :n]))
+    return np.concatenate(outs, axis=1) if outs else None

@@ -133,7 +133,7 @@ def perplexity_vs_memory(inference: MemoryInference, docs: List[np.ndarray], mem
   if doc_mode == "multi_doc":
     prev = np.stack([preceding_documents(docs, i, int(distractor_tokens)) for i in range(len(docs))])
   # The one-pass shortcut holds for single_doc only (distractors would sit before every memory size).
-  shared = (prev is None and len(inference.cfg.mem_layers) == 1
+  shared = (prev is None and isinstance(inference, MemoryInference) and len(inference.cfg.mem_layers) == 1
             and all(m % inference.window == 0 for m in memory_tokens))
   t0 = time.time()
   per_memory = {m: [] for m in memory_tokens}

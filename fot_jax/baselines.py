@@ -1,0 +1,179 @@
+"""The FoT paper's comparison on one language-model run (experiment 'baselines'):
+
+  fot             crossbatch, the experiment's curriculum
+  memorizing      the Memorizing Transformer: the same memory layer trained on a kNN memory of
+                  the same document's earlier windows, non-differentiable (fot_jax/recurrent.py)
+  transformer_xl  every layer attends to the previous window's cached keys/values
+  plain           the same model without crossbatch (a local-window transformer)
+  hybrid          FoT's crossbatch, then a short memorizing phase (the last `hybrid_steps` steps)
+
+Every arm trains the same model on the same tasks for the same numbers of steps: FoT runs
+first (its curriculum may end phases on a metric) and the others follow FoT's phases as they
+ran, each with its own method in place of crossbatch, on the same slot batches (the plain
+arm's copy warm-up sees each copy document whole in one row, as run_lm's no-crossbatch arm;
+the memory arms see FoT's two windows, so their memory is how they can copy). Each arm trains
+once per seed. Evaluation: perplexity of held-out documents against the memory before the
+scored span (memory arms through MemoryInference, all in one memory mode; Transformer-XL
+through its own recurrence over the same tokens: XLInference), and the suite's r_d and passkey
+per arm (r_d needs a memory layer's memory: none for Transformer-XL). Writes
+W/results.json ({'memory_tokens', 'perplexity': {arm: seed mean}, 'seeds': {arm: {seed: ...}},
+'rd', 'passkey', ...}) and W/baselines.png.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, List
+
+import jax
+import numpy as np
+
+from fot_jax import configs, jsonio, provenance, recurrent, runs
+from fot_jax.curriculum import Schedule
+from fot_jax.eval import perplexity
+from fot_jax.inference import MemoryInference
+
+ARMS = configs.BASELINE_ARMS
+
+
+def arm_spec(arm: str, windows: int, b) -> dict:
+  """The spec an arm trains with where FoT trains with crossbatch."""
+  if arm == "plain":
+    return {}
+  if arm == "transformer_xl":
+    return {"memory": "transformer_xl", "windows": windows}
+  return {"memory": "memorizing", "windows": windows, "memory_tokens": int(b.memory_tokens), "topk": int(b.topk)}
+
+
+def arm_schedule(arm: str, fot_phases: List[dict], fot_steps: int, windows: int, b) -> Schedule:
+  """FoT's phases as they ran (names, tasks, step counts), with the arm's spec; the hybrid keeps
+  FoT's specs and turns the last b.hybrid_steps steps into a memorizing phase on the last task."""
+  phases = [{"name": p["name"], "task": p["task"], "spec": p["spec"],
+             "steps": (p["end"] if p["end"] is not None else fot_steps) - p["start"]} for p in fot_phases]
+  phases = [p for p in phases if p["steps"] > 0]
+  if arm == "hybrid":
+    tail = int(b.hybrid_steps)
+    if not 0 < tail < sum(p["steps"] for p in phases):
+      raise ValueError(f"baselines.hybrid_steps: {tail} must be between 0 and FoT's {fot_steps} steps")
+    last, cut = phases[-1], tail
+    while cut >= phases[-1]["steps"]:  # the memorizing tail may take whole phases
+      cut -= phases.pop()["steps"]
+    phases[-1] = dict(phases[-1], steps=phases[-1]["steps"] - cut) if cut else phases[-1]
+    phases = [p for p in phases if p["steps"] > 0]
+    phases.append({"name": "memorizing", "task": last["task"], "spec": arm_spec("memorizing", windows, b),
+                   "steps": tail})
+  else:
+    phases = [dict(p, spec=arm_spec(arm, windows, b)) for p in phases]
+  return Schedule({"kind": "phases", "phases": phases, "stop_after_last": True})
+
+
+def _inference(arm: str, cfg, params, config):
+  window = int(config.data.window)
+  if arm == "transformer_xl":
+    return recurrent.XLInference(cfg, params, window)
+  return MemoryInference(cfg, params, window, config.eval.mode, int(config.eval.topk))
+
+
+def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dict:
+  """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
+  from fot_jax.eval import suite as suite_lib
+  from data_pipelines import vocab as vocab_lib
+  sc = suite_lib.default_config()
+  sc.task, sc.batch, sc.window, sc.mode, sc.topk = config.data.eval_task, int(config.eval.batch), \
+      int(config.data.window), config.eval.mode, int(config.eval.topk)
+  sc.rd.update(config.baselines.rd.to_dict())
+  sc.passkey.update(config.baselines.passkey.to_dict())
+
+  class ArmContext(suite_lib.Context):
+    def __init__(self):  # the trained arm as it is: nothing read from disk
+      self.path, self.config, self.cfg, self.params, self.window = workdir, sc, cfg, params, sc.window
+      self.vocab = vocab_lib.get_vocabulary(config.data.vocab)
+      self.vocab_spec, self.name = config.data.vocab, os.path.basename(workdir)
+
+    def inference(self, mode=None):
+      return inference
+
+  ctx = ArmContext()
+  out = {"passkey": suite_lib.run_passkey(ctx)}
+  out["rd"] = None if arm == "transformer_xl" else suite_lib.run_rd(ctx)
+  return out
+
+
+def run_baselines(config, workdir: str, train: bool = True) -> Dict:
+  """Trains every arm per seed (resumable per arm), evaluates, writes results.json + baselines.png."""
+  from data_pipelines import vocab as vocab_lib
+  t_start = time.time()
+  configs.validate(config)
+  cfg = configs.model_config(config)
+  vocab = vocab_lib.get_vocabulary(config.data.vocab)
+  b, ev = config.baselines, config.eval
+  k = int(config.data.windows_per_slot)
+  docs = runs.lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
+  print(f"baselines: {len(docs)} held-out documents of {config.data.eval_task!r}", flush=True)
+  results = {"config": config.to_dict(), "memory_tokens": [int(m) for m in ev.memory_tokens],
+             "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),
+             "seeds": {}, "training": {}, "rd": {}, "passkey": {}}
+  for seed in [int(s) for s in b.seeds]:
+    seeded = config.copy_and_resolve_references()
+    with seeded.unlocked():
+      seeded.seed = seed
+    fot_run = None
+    for arm in b.arms:
+      name = f"{arm}_seed{seed}"
+      arm_dir = os.path.join(workdir, name)
+      schedule = (Schedule(seeded.train.curriculum) if arm == "fot" else
+                  arm_schedule(arm, fot_run["phases"], fot_run["steps_run"], k, b))
+      layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (runs.lm_copy_warmup)
+      feeds = {task: runs.lm_feed(seeded, task, layout) for task in set(schedule.tasks())}
+      out = runs._train_arm(cfg, runs._lm_train_cfg(seeded), name, schedule,
+                            feeds[None] if list(feeds) == [None] else feeds, arm_dir, train,
+                            config.data.vocab, config.data.window, runs._lm_run_fields(seeded))
+      if arm == "fot":
+        fot_run = out
+      inference = _inference(arm, cfg, out["params"], config)
+      res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, int(ev.score_tokens),
+                                            int(ev.batch), "single_doc", name=name)
+      hist = out["history"]
+      results["seeds"].setdefault(arm, {})[str(seed)] = res["perplexity"]
+      results["training"].setdefault(arm, {})[str(seed)] = {
+          "steps": out["steps_run"], "seconds": out["seconds"], "phases": out["phases"],
+          "final_train_loss": float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None}
+      if seed == int(b.seeds[0]):
+        extras = _suite_extras(arm, arm_dir, cfg, out["params"], inference, config)
+        results["rd"][arm], results["passkey"][arm] = extras["rd"], extras["passkey"]
+      _summarise(results, t_start)
+      if jax.process_index() == 0:  # after every arm: a long run's finished arms are on disk
+        write_results(results, workdir, final=False)
+  if jax.process_index() == 0:
+    write_results(results, workdir)
+  return results
+
+
+def _summarise(results: Dict, t_start: float) -> None:
+  """Per arm: the mean perplexity over its seeds so far, and their range."""
+  results["perplexity"] = {arm: np.mean(list(per_seed.values()), 0).tolist()
+                           for arm, per_seed in results["seeds"].items()}
+  results["spread"] = {arm: (np.max(list(v.values()), 0) - np.min(list(v.values()), 0)).tolist()
+                       for arm, v in results["seeds"].items()}
+  results["wall_seconds"] = time.time() - t_start
+  results["provenance"] = provenance.provenance()
+
+
+def write_results(results: Dict, workdir: str, final: bool = True) -> None:
+  """results.json (written after every arm, `complete` once all are done), the table, the plot."""
+  jsonio.write_json(os.path.join(workdir, "results.json"), dict(results, complete=final), default=str)
+  if not final:
+    return
+  arms = list(results["perplexity"])
+  mems = results["memory_tokens"]
+  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>14}" for a in arms)
+  lines = [header, "-" * len(header)]
+  for i, m in enumerate(mems):
+    lines.append(f"{m:>14,} | " + " | ".join(
+        f"{results['perplexity'][a][i]:>8.3f} ±{results['spread'][a][i] / 2:.3f}" for a in arms))
+  print(f"\nPerplexity (mean over seeds {list(results['seeds'][arms[0]])}, ± half the seeds' range), "
+        f"memory {results['eval_mode']}:\n" + "\n".join(lines), flush=True)
+  xs = [max(m, 1) for m in mems]
+  runs._plot(os.path.join(workdir, "baselines.png"), {a: (xs, results["perplexity"][a]) for a in arms},
+             "tokens of the same document before the scored span", "perplexity (per token)",
+             "FoT and the paper's baselines", xticks=(xs, [f"{m:,}" for m in mems]))
