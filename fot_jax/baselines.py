@@ -12,8 +12,8 @@ first (its curriculum may end phases on a metric) and the others follow FoT's ph
 ran, each with its own method in place of crossbatch, on the same slot batches (the plain
 arm's copy warm-up sees each copy document whole in one row, as run_lm's no-crossbatch arm;
 the memory arms see FoT's two windows, so their memory is how they can copy). Each arm trains
-once per seed. Evaluation: perplexity of held-out documents against the memory before the
-scored span (memory arms through MemoryInference, all in one memory mode; Transformer-XL
+once per seed (the arms of `extra_seed_arms` on the seeds after the first). Evaluation:
+perplexity of held-out documents against the memory before the scored span (memory arms through MemoryInference, all in one memory mode; Transformer-XL
 through its own recurrence over the same tokens: XLInference), and the suite's r_d and passkey
 per arm (r_d needs a memory layer's memory: none for Transformer-XL). Writes
 W/results.json ({'memory_tokens', 'perplexity': {arm: seed mean}, 'seeds': {arm: {seed: ...}},
@@ -94,9 +94,9 @@ def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dic
       return inference
 
   ctx = ArmContext()
-  out = {"passkey": suite_lib.run_passkey(ctx)}
-  out["rd"] = None if arm == "transformer_xl" else suite_lib.run_rd(ctx)
-  return out
+  suites = set(config.baselines.suites)
+  return {"passkey": suite_lib.run_passkey(ctx) if "passkey" in suites else None,
+          "rd": suite_lib.run_rd(ctx) if "rd" in suites and arm != "transformer_xl" else None}
 
 
 def run_baselines(config, workdir: str, train: bool = True) -> Dict:
@@ -118,7 +118,9 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
     with seeded.unlocked():
       seeded.seed = seed
     fot_run = None
-    for arm in b.arms:
+    extra = b.get("extra_seed_arms", b.arms)
+    arms = list(b.arms) if seed == int(b.seeds[0]) else [a for a in b.arms if a in extra]
+    for arm in arms:
       name = f"{arm}_seed{seed}"
       arm_dir = os.path.join(workdir, name)
       schedule = (Schedule(seeded.train.curriculum) if arm == "fot" else

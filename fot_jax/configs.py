@@ -248,11 +248,18 @@ def validate_baselines(config) -> None:
     raise ValueError(f"baselines.arms: 'fot' first, then any of {BASELINE_ARMS}; got {list(b.arms)}")
   if not b.seeds:
     raise ValueError("baselines.seeds: at least one seed")
+  extra = list(b.get("extra_seed_arms", b.arms))
+  if len(b.seeds) > 1 and (sorted(set(extra) - set(b.arms)) or "fot" not in extra):
+    raise ValueError(f"baselines.extra_seed_arms: 'fot' (the others follow its phases) and arms of "
+                     f"baselines.arms {list(b.arms)}; got {extra}")
   cfg, window = model_config(config), int(config.data.window)
   spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": int(b.memory_tokens), "topk": int(b.topk)})
   recurrent.check(spec, cfg, window)
   if warmup_task_name(config) is not None:  # the copy warm-up's windows hold memory too
     recurrent.check(spec, cfg, int(config.warmup.span))
+  unknown = sorted(set(b.get("suites", ())) - {"rd", "passkey"})
+  if unknown:
+    raise ValueError(f"baselines.suites: any of ('rd', 'passkey'), got {unknown}")
   if "hybrid" in b.arms and int(b.hybrid_steps) <= 0:
     raise ValueError(f"baselines.hybrid_steps: must be positive, got {b.hybrid_steps}")
 
