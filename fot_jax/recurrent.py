@@ -117,10 +117,6 @@ def init_carry(cfg: ModelConfig, rspec: RecurrentSpec, slots: int, window: int) 
   return jax.jit(build)()
 
 
-def carry_slots(carry) -> int:
-  return next(iter(carry.values()))[0].shape[0]
-
-
 def window_forward(model, params, rspec: RecurrentSpec, tokens, doc, carry):
   """One window of every slot: tokens/doc [S, T] -> (logits [S, T, V], the carry after it)."""
   sg = jax.lax.stop_gradient
