@@ -52,13 +52,13 @@ def get_config():
 
 
 def get_test_config():
-  """Seconds: stdlib_lm_tiny's test model, its LM phase for 2 steps, three arms, one seed, no suites."""
+  """Seconds: stdlib_lm_tiny's test model, its LM phase for 2 steps, FoT and the hybrid, one seed, no suites."""
   t = stdlib_lm_tiny.get_test_config()
   c = get_config()
   c.model, c.data, c.warmup = t.model, t.data, t.warmup
   c.train.curriculum.phases = [dict(t.train.curriculum.phases[4], steps=2)]  # the LM phase alone
   c.train.steps, c.optim.total_steps, c.train.checkpoint_every, c.train.log_every = 2, 2, 0, 1
   c.baselines.seeds, c.baselines.hybrid_steps, c.baselines.memory_tokens = (0,), 1, 64
-  c.baselines.arms, c.baselines.suites = ("fot", "transformer_xl", "hybrid"), ()
+  c.baselines.arms, c.baselines.suites = ("fot", "hybrid"), ()  # the hybrid trains crossbatch and MT
   c.eval.memory_tokens, c.eval.score_tokens, c.eval.n_docs, c.eval.batch = (0, 64), 32, 2, 2
   return c

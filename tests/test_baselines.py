@@ -1,4 +1,5 @@
-"""Experiment 'baselines': the arms' curricula and one end-to-end run (fot_jax/baselines.py)."""
+"""Experiment 'baselines': the arms' curricula and one end-to-end run (fot_jax/baselines.py; Transformer-XL's
+training and inference paths are tested in test_recurrent_memory.py)."""
 import json
 
 import ml_collections
@@ -46,7 +47,7 @@ def test_run_trains_every_arm_and_writes_the_table(tmp_path):
   out = baselines.run_baselines(c, str(tmp_path))
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["complete"] and saved["memory_tokens"] == [0, 64]
-  assert sorted(saved["perplexity"]) == ["fot", "hybrid", "transformer_xl"]
+  assert sorted(saved["perplexity"]) == ["fot", "hybrid"]
   assert all(len(v) == 2 and all(p > 1 for p in v) for v in saved["perplexity"].values())
   steps = {arm: t["0"]["steps"] for arm, t in out["training"].items()}
   assert len(set(steps.values())) == 1  # the same steps for every arm

@@ -36,6 +36,9 @@ def test_transformer_xl_equals_a_causal_pass_over_both_windows(impl, positions):
   second, _ = recurrent.window_forward(model, PARAMS, rs, toks[:, T:], None, carry)
   np.testing.assert_allclose(np.asarray(first), np.asarray(full[:, :T]), atol=1e-5)
   np.testing.assert_allclose(np.asarray(second), np.asarray(full[:, T:]), atol=1e-5)
+  if impl == "dense":  # inference: the same recurrence window by window (the evaluation's path)
+    xl = recurrent.XLInference(cfg, PARAMS, T)
+    np.testing.assert_allclose(xl.process(toks, xl.new_memory(2)), np.asarray(full), atol=1e-5)
 
 
 def _window_keys(tokens):
