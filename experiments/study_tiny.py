@@ -10,7 +10,8 @@ FoT arm only, so the base can copy and retrieve a passkey at all. The same model
 `--config.base.checkpoint=runs/stdlib/fot`. The methods extend it from L0 = 128 to 1,024 tokens (8x). Frozen (no fine-tuning):
 RoPE scaling with factor 8 (PI, NTK-frozen, YaRN; dynamic NTK with the study's s = C'/(2C) = 4),
 Self-Extend, LM-Infinite, and FoT memory (the base's trained memory layer, and memory in every
-layer, which the base was never trained with). Fine-tuned twins (`none_ft`, `pi_ft`, `ntk_ft`,
+layer, which the base was never trained with), and `block_memory`: the trained memory layer read as
+InfLLM-style block memory (blocks of 32, the 4 best per window; see BLOCKS) instead of all of it. Fine-tuned twins (`none_ft`, `pi_ft`, `ntk_ft`,
 `dynamic_ntk_ft`, `yarn_ft`, `fot_ft`: the same specs with `"finetune": True`), all with the same
 c.finetune: FT_STEPS steps from the base on the stdlib corpus, 8 slots x L_FT = 512 tokens a step,
 the same AdamW; the plain ones as one 512-token window per slot, `fot_ft` as 4 windows of 128 per
@@ -25,6 +26,13 @@ from fot_jax.eval import suite as suite_lib
 L0, FACTOR = 128, 8
 LENGTHS = (128, 256, 512, 1024)
 L_FT, FT_STEPS = 512, 100  # the fine-tuned methods: FT_STEPS steps at L_FT tokens per slot (~13 min here)
+# Block memory (InfLLM-style, memory mode 'blocks', docs/block_memory.md) at this scale: memory holds
+# at most 896 tokens (7 windows of 128 before the last at 1,024), so the defaults (blocks of 128,
+# top 8) would retrieve every block there, which is dense memory. Blocks of 32 slots, the 4 best
+# per window and kv head: 128 memory tokens attended (as many as the local window) out of 128 /
+# 384 / 896 at 256 / 512 / 1,024 (all of it at 256, a seventh at 1,024); 8 representatives per
+# block, the quarter of a block that 16 of 64 are in docs/block_memory.md's measurement.
+BLOCKS = {"mode": "blocks", "block_size": 32, "block_reps": 8, "block_topk": 4}
 
 
 def base_train_config():
@@ -36,8 +44,10 @@ def base_train_config():
 
 
 def methods(l0=L0, factor=FACTOR, memory_layers=(1,), all_layers=(0, 1, 2), se_window=64, se_group=16,
-            sinks=10):
-  """The study's methods for a base of context l0 extended `factor` times."""
+            sinks=10, blocks=BLOCKS):
+  """The study's methods for a base of context l0 extended `factor` times; `block_memory` is
+  fot_memory (the same memory layers, the base's window as its local window) reading its memory
+  as `blocks` (the study method's `memory` retrieval) instead of all of it."""
   def rope(kind, **kw):
     return {"rope_scaling": dict({"rope_type": kind, "factor": float(kw.pop("f", factor))}, **kw)}
   return [
@@ -54,6 +64,8 @@ def methods(l0=L0, factor=FACTOR, memory_layers=(1,), all_layers=(0, 1, 2), se_w
                                            "max_distance": l0}}},
       {"name": "fot_memory", "inference": "memory", "overrides": {"mem_layers": tuple(memory_layers)}},
       {"name": "fot_memory_all", "inference": "memory", "overrides": {"mem_layers": tuple(all_layers)}},
+      {"name": "block_memory", "inference": "memory", "overrides": {"mem_layers": tuple(memory_layers)},
+       "memory": dict(blocks)},
   ]
 
 

@@ -6,7 +6,10 @@ A method is a set of ModelConfig overrides applied to the base (`rope_scaling`,
 `position_strategy`, `mem_layers`, ...) plus its inference path:
   * `plain`:  a long-context forward, the whole input in one window (no memory);
   * `memory`: FoT memory inference, windows of the base's length (or the method's `window`),
-              earlier windows in the memory layers' memory (fot_jax/inference.py).
+              earlier windows in the memory layers' memory (fot_jax/inference.py), read as the
+              suite config's eval.mode / eval.topk say, or as the method's own `memory` retrieval
+              (`memory_settings`: e.g. {"mode": "blocks", "block_size": 128, "block_reps": 16,
+              "block_topk": 8}, InfLLM-style block memory, or {"mode": "topk", "topk": 32}).
 A method with `"finetune": True` (or a dict overriding fields of the study's shared `finetune`)
 is first trained from the base's parameters with its own model config into W/finetune/<name>
 (`fot_jax.train.train`: resumable, the same data, steps, optimiser and tokens per step for every
@@ -17,7 +20,8 @@ Every method gets the same evaluation (the suites of fot_jax/eval, run on the me
              step of the study's sliding-window evaluation);
   * passkey, niah (single and multi-needle): accuracy grids over lengths x depths, with
              their effective length (fot_jax/eval/effective_length.py);
-  * rd:      positive attention mass, for methods with memory layers.
+  * rd:      positive attention mass, for methods with memory layers that read all of memory
+             (eval/rd.py attends densely: a method with its own top-k or block retrieval skips it).
 Results: W/methods/<name>.json per method (a finished method is skipped on a rerun with the same
 spec and settings; W/methods/<name>.partial.json holds its suites finished so far, so a stopped run
 resumes at the next suite, and adding a suite to `suites` runs only that suite), then
@@ -43,7 +47,10 @@ from fot_jax.jsonio import read_json, write_json
 
 INFERENCE_PATHS = ("plain", "memory")
 SUITES = ("ppl", "passkey", "niah", "rd")
-METHOD_KEYS = ("name", "inference", "overrides", "window", "finetune")
+METHOD_KEYS = ("name", "inference", "overrides", "window", "finetune", "memory")
+# a method's `memory` retrieval: per mode, its fields (fot_jax.inference.MemoryInference's arguments)
+MEMORY_FIELDS = {"dense": (), "topk": ("topk",), "approx_topk": ("topk",),
+                 "blocks": ("block_size", "block_reps", "block_topk")}
 CONFIG_KEYS = ("base", "lengths", "methods", "suites", "pad", "ppl", "eval")
 
 
@@ -109,6 +116,55 @@ def method_model_config(base_cfg, method: Dict):
   return cfg
 
 
+def memory_settings(method: Dict):
+  """The method's own memory retrieval, resolved (None: the suite config's eval.mode / eval.topk).
+  `memory` is {"mode": M, ...fields of M}: "dense"; "topk" / "approx_topk" with "topk" (required);
+  "blocks" with "block_size", "block_reps", "block_topk" (each defaulting to memory.BlockSpec's:
+  128, 16, 8). Only for the memory path. Errors name the method and the field."""
+  from fot_jax.model.memory import BlockSpec
+  name = method.get("name", "?")
+  mem = method.get("memory")
+  if mem is None:
+    return None
+  if not hasattr(mem, "keys"):
+    raise ValueError(f"study method {name!r}: memory must be a dict such as {{'mode': 'blocks', 'block_size': 128, "
+                     f"'block_reps': 16, 'block_topk': 8}}, got {mem!r}")
+  mem = dict(mem)
+  if method.get("inference", "plain") != "memory":
+    raise ValueError(f"study method {name!r}: memory (its memory retrieval) needs inference 'memory', "
+                     f"got inference {method.get('inference', 'plain')!r}")
+  mode = mem.get("mode")
+  if mode not in MEMORY_FIELDS:
+    raise ValueError(f"study method {name!r}: memory.mode must be one of {list(MEMORY_FIELDS)}, got {mode!r}")
+  fields = MEMORY_FIELDS[mode]
+  unknown = sorted(set(mem) - {"mode"} - set(fields))
+  if unknown:
+    raise ValueError(f"study method {name!r}: memory field(s) {unknown} unknown for mode {mode!r}; "
+                     f"its fields: {list(fields)}")
+  if mode in ("topk", "approx_topk") and "topk" not in mem:
+    raise ValueError(f"study method {name!r}: memory.topk is required for mode {mode!r} (memory tokens "
+                     "attended per query)")
+  out = {"mode": mode}
+  defaults = BlockSpec()._asdict() if mode == "blocks" else {}
+  for f in fields:
+    value = mem.get(f, defaults.get(f))
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+      raise ValueError(f"study method {name!r}: memory.{f} must be a positive integer, got {value!r}")
+    out[f] = int(value)
+  return out
+
+
+def _memory_label(method: Dict) -> str:
+  """The table's path cell: the inference path, with the method's own memory retrieval."""
+  path = method.get("inference", "plain")
+  ms = memory_settings(method) if path == "memory" else None
+  if not ms:
+    return path
+  if ms["mode"] == "blocks":
+    return f"memory, blocks {ms['block_size']} x {ms['block_topk']} (reps {ms['block_reps']})"
+  return f"memory, {ms['mode']}" + (f" {ms['topk']}" if "topk" in ms else "")
+
+
 def _method_context(base, method: Dict, pad: int, params=None):
   """A suite Context for one method: the loaded base (params, vocab, data) with the method's config
   and inference path (and `params` instead of the base's: a fine-tuned method); the suite runners
@@ -122,6 +178,7 @@ def _method_context(base, method: Dict, pad: int, params=None):
   cfg = method_model_config(base.cfg, method)
   if path == "memory" and not cfg.mem_layers:
     raise ValueError(f"study method {method['name']!r}: inference 'memory' needs mem_layers")
+  own = memory_settings(method)  # the method's memory retrieval (None: the suite config's)
 
   class MethodContext(suite_lib.Context):
     def __init__(self):  # shares the loaded base; nothing is read again
@@ -130,9 +187,16 @@ def _method_context(base, method: Dict, pad: int, params=None):
       if params is not None:
         self.params = params
       self.window = int(method.get("window") or base.window)  # the memory path's local window
+      self.memory = own
 
     def inference(self, mode=None):
+      """The method's inference: a method's own `memory` retrieval wins over `mode` and the suite
+      config's eval.mode / eval.topk."""
       c = self.config
+      if path == "memory" and own is not None:
+        blocks = {f: own[f] for f in MEMORY_FIELDS["blocks"] if f in own}
+        return MemoryInference(self.cfg, self.params, self.window, own["mode"], own.get("topk", c.topk),
+                               c.chunk, **blocks)
       if path == "memory":
         return MemoryInference(self.cfg, self.params, self.window, mode or c.mode, c.topk, c.chunk)
       return PlainInference(self.cfg, self.params, pad, c.chunk)
@@ -376,9 +440,13 @@ def evaluate_method(base, method: Dict, config, params=None, done=None, save=Non
     elif suite == "niah":
       r = suite_lib.run_niah(ctx)
     elif suite == "rd":
-      r = None  # r_d measures memory attention: only for methods that read memory
-      if ctx.inference_path == "memory" and ctx.cfg.mem_layers:
+      r = None  # r_d measures memory attention: only for methods that read memory, all of it
+      reads_all = (ctx.memory or {}).get("mode", "dense") == "dense"  # eval/rd.py attends to all of memory
+      if ctx.inference_path == "memory" and ctx.cfg.mem_layers and reads_all:
         r = suite_lib.run_rd(ctx)
+      elif ctx.memory:  # a retrieving method's r_d would be its dense twin's figure, not its own
+        print(f"[{ctx.name}] rd: skipped (r_d is measured with dense memory; this method reads "
+              f"{ctx.memory['mode']})", flush=True)
     else:
       raise ValueError(f"study: unknown suite {suite!r}; known: {SUITES}")
     if r is not None:
@@ -405,6 +473,9 @@ def settings(config, method=None) -> Dict:
   ft = finetune_settings(config, method) if method is not None else None
   if ft is not None:
     out["finetune"] = ft
+  own = memory_settings(method) if method is not None else None
+  if own is not None:  # the method's memory retrieval, defaults resolved
+    out["memory"] = own
   return out
 
 
@@ -484,6 +555,7 @@ def check_config(config) -> None:
     window = m.get("window")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
       raise ValueError(f"study method {name!r}: window must be a positive integer (0: the base's), got {window!r}")
+    memory_settings(m)
   names = [m["name"] for m in methods]
   if len(set(names)) != len(names):
     raise ValueError(f"study: method names must be unique, got {names}")
@@ -563,8 +635,9 @@ def run(config, workdir: str) -> Dict:
 
 def _describe(m: Dict) -> str:
   o = m.get("overrides", {})
-  return f"{m.get('inference', 'plain')} path" + (f", {dict(o)}" if o else "") + (", fine-tuned" if m.get("finetune")
-                                                                                   else "")
+  path = m.get("inference", "plain")
+  retrieval = _memory_label(m)[len(path):]  # ", blocks 128 x 8 (reps 16)" for a method's own memory retrieval
+  return f"{path} path{retrieval}" + (f", {dict(o)}" if o else "") + (", fine-tuned" if m.get("finetune") else "")
 
 
 def _ft_label(r: Dict) -> str:
@@ -608,7 +681,7 @@ def markdown(study: Dict) -> str:
           + [f"{g} acc / eff. len" for g in grid_names] + ["r_d (d) / 1/d", "train s", "wall s"])
   rows = []
   for name, r in methods.items():
-    row = [name, r["method"].get("inference", "plain"), _ft_label(r)]
+    row = [name, _memory_label(r["method"]), _ft_label(r)]
     p = r.get("ppl")
     row += [_fmt(v) for v in p["perplexity"]] if p else ["-"] * len(lengths)
     row.append(_fmt(p["effective_length"]) if p else "-")

@@ -265,6 +265,75 @@ def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
   assert study._crossbatch_curriculum({"d": 2, "w": 2}, k) == {"kind": "constant", "spec": {"d": 2, "w": 2}}
 
 
+BLOCKS = {"name": "blocks", "inference": "memory", "overrides": {"mem_layers": (1,)},
+          "memory": {"mode": "blocks", "block_size": 8, "block_reps": 2, "block_topk": 8}}
+
+
+def test_method_memory_retrieval_is_validated_naming_the_method_and_field(tiny):
+  _, c, _ = tiny
+  assert study.memory_settings(dict(BLOCKS, memory={"mode": "blocks"})) == {  # memory.BlockSpec's defaults
+      "mode": "blocks", "block_size": 128, "block_reps": 16, "block_topk": 8}
+  assert study.memory_settings(dict(BLOCKS, memory={"mode": "topk", "topk": 4})) == {"mode": "topk", "topk": 4}
+  bad = [({"mode": "blocks", "block_topk": 0}, r"study method 'blocks': memory.block_topk must be a positive integer"),
+         ({"mode": "blocks", "block_size": True}, "memory.block_size must be a positive integer"),
+         ({"mode": "blocks", "topk": 4}, r"memory field\(s\) \['topk'\] unknown for mode 'blocks'"),
+         ({"mode": "topk"}, "study method 'blocks': memory.topk is required for mode 'topk'"),
+         ({"mode": "topk", "topk": 2.5}, "memory.topk must be a positive integer"),
+         ({"mode": "kv"}, "study method 'blocks': memory.mode must be one of"),
+         ({"block_size": 8}, "memory.mode must be one of"),
+         ("blocks", "study method 'blocks': memory must be a dict")]
+  for memory, match in bad:
+    bad_c = ml_collections.ConfigDict(c.to_dict())
+    bad_c.methods = [dict(BLOCKS, memory=memory)]
+    with pytest.raises(ValueError, match=match):
+      study.check_config(bad_c)
+  bad_c.methods = [{"name": "p", "inference": "plain", "memory": {"mode": "blocks"}}]
+  with pytest.raises(ValueError, match="study method 'p': memory .* needs inference 'memory'"):
+    study.check_config(bad_c)
+
+
+def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_memory(tiny):
+  """A method's `memory` reaches MemoryInference (mode 'blocks' with its BlockSpec); with every
+  block retrieved its perplexity is dense memory's, computed here without the study's code; with
+  one block of 4 retrieved it is not; its settings hold the retrieval, so the resume cache tells
+  it from the dense method and from other block settings."""
+  from fot_jax.inference import MemoryInference
+  from fot_jax.model.memory import BlockSpec
+  ck, c, _ = tiny
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.suites = ("ppl", "rd")
+  base = suite.Context(ck, c.eval)
+  few = dict(BLOCKS, name="few", memory={"mode": "blocks", "block_size": 4, "block_reps": 2, "block_topk": 1})
+  inf = study._method_context(base, BLOCKS, int(c.pad)).inference("dense")  # the method's mode wins
+  assert inf.mode == "blocks" and inf.topk == BlockSpec(8, 2, 8) and inf.window == L0
+  # at 64 tokens memory holds 3 windows of 16 = 6 blocks of 8: block_topk 8 retrieves all of them
+  res = {m["name"]: study.evaluate_method(base, m, c) for m in (BLOCKS, few)}
+  assert "rd" not in res["blocks"] and res["blocks"]["suites_done"] == ["ppl", "rd"]  # r_d is dense memory's
+  top = max(c.lengths)
+  tails = np.stack([np.asarray(d[-(top + 1):], np.int32) for d in base.docs(top + 1, int(c.ppl.n_docs))])
+  cfg = dataclasses.replace(base.cfg, mem_layers=(1,))
+  dense = []
+  for length in c.lengths:
+    ref = MemoryInference(cfg, base.params, L0, "dense")
+    streams = tails[:, top - length:]
+    logits = ref.process(streams[:, :-1], ref.new_memory(len(streams)))[:, -8:]
+    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), -1)
+    nll = -np.take_along_axis(np.asarray(logp), streams[:, -8:, None], -1)
+    dense.append(float(np.exp(nll.mean())))
+  np.testing.assert_allclose(res["blocks"]["ppl"]["perplexity"], dense, rtol=1e-5)
+  assert min(abs(a / b - 1) for a, b in zip(res["few"]["ppl"]["perplexity"], dense)) > 1e-4
+  # the settings name the retrieval (defaults resolved); a method without `memory` keeps the old ones
+  dense_m = {"name": "fot_memory", "inference": "memory", "overrides": {"mem_layers": (1,)}}
+  s_blocks, s_few, s_dense = (study.settings(c, m) for m in (BLOCKS, few, dense_m))
+  assert s_blocks["memory"] == {"mode": "blocks", "block_size": 8, "block_reps": 2, "block_topk": 8}
+  assert "memory" not in s_dense and s_dense == study.settings(c)
+  assert not study.same_settings(s_blocks, s_dense) and not study.same_settings(s_blocks, s_few)
+  assert res["blocks"]["settings"] == s_blocks
+  table = study.markdown({"base": ck, "window": L0, "lengths": list(c.lengths), "wall_seconds": 0.0,
+                          "methods": {n: dict(r, wall_seconds=0.0) for n, r in res.items()}})
+  assert "| blocks | memory, blocks 8 x 8 (reps 2) | frozen |" in table
+
+
 def test_smollm2_study_config_fits_the_import():
   """experiments/study_smollm2.py: every method is a valid config of the imported architecture,
   streams its attention (no 16K x 16K scores) and is evaluated past the native 8K."""
@@ -275,6 +344,13 @@ def test_smollm2_study_config_fits_the_import():
     cfg = study.method_model_config(base, m)
     assert cfg.attention_impl == "blockwise", m["name"]
   assert max(c.lengths) > 8192 and len({m["name"] for m in c.methods}) == len(c.methods)
+  study.check_config(c)
+  blocks = {m["name"]: study.memory_settings(m) for m in c.methods if "memory" in m}
+  assert set(blocks) == {"block_memory_all", "block_memory_3"} and all(b["mode"] == "blocks" for b in blocks.values())
+  only = study_smollm2.get_config("block_memory_all,block_memory_3")  # --config=...:NAME,NAME
+  assert [m["name"] for m in only.methods] == ["block_memory_3", "block_memory_all"]
+  with pytest.raises(ValueError, match=r"unknown method\(s\) \['nosuch'\]"):
+    study_smollm2.get_config("nosuch")
 
 
 def test_plain_width_rounds_up_by_at_most_a_sixteenth_of_the_octave():
