@@ -26,6 +26,7 @@ Some methods only: `--config=experiments/study_smollm2.py:block_memory_all,block
 import ml_collections
 
 from experiments import study_tiny
+from fot_jax import study
 from fot_jax.eval import suite as suite_lib
 
 CHECKPOINT = "checkpoints/smollm2-135m"
@@ -67,12 +68,7 @@ def get_config(only: str = ""):
                                       "missing_hint": "import SmolLM2-135M first: `make smollm2`"})
   c.lengths = LENGTHS
   c.methods = methods()
-  if only:
-    names = [n for n in only.split(",") if n]
-    unknown = [n for n in names if n not in [m["name"] for m in c.methods]]
-    if unknown:
-      raise ValueError(f"study_smollm2: unknown method(s) {unknown}; the methods: {[m['name'] for m in c.methods]}")
-    c.methods = [m for m in c.methods if m["name"] in names]
+  c.methods = study.select_methods(c.methods, only, "study_smollm2")
   c.suites = ("ppl", "passkey")
   c.pad = 1024
   c.ppl = ml_collections.ConfigDict({"score_tokens": 256, "n_docs": 1, "tolerance": 1.1})

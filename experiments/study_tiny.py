@@ -21,6 +21,7 @@ training on 2 cores, before their evaluation.
 import ml_collections
 
 from experiments import stdlib_lm_tiny
+from fot_jax import study
 from fot_jax.eval import suite as suite_lib
 
 L0, FACTOR = 128, 8
@@ -88,12 +89,13 @@ def finetune_config(base_cfg, length=L_FT, steps=FT_STEPS):
       "crossbatch": {"d": 2}, "checkpoint_every": 50, "log_every": 25})
 
 
-def get_config():
+def get_config(only: str = ""):
+  """`--config=experiments/study_tiny.py:NAME,NAME` evaluates only the methods named."""
   c = ml_collections.ConfigDict()
   c.base = ml_collections.ConfigDict({"checkpoint": "", "train": base_train_config()})
   c.lengths = LENGTHS
   frozen = methods()
-  c.methods = frozen + finetuned(frozen)
+  c.methods = study.select_methods(frozen + finetuned(frozen), only, "study_tiny")
   c.finetune = finetune_config(c.base.train)
   c.suites = ("ppl", "passkey", "niah", "rd")
   c.pad = 64  # plain path: inputs padded to a multiple of this (study.plain_width; one compile per width)

@@ -116,6 +116,19 @@ def method_model_config(base_cfg, method: Dict):
   return cfg
 
 
+def select_methods(methods: List[Dict], only: str, source: str) -> List[Dict]:
+  """The methods named in `only` ("NAME,NAME": an experiment file's `--config=FILE:NAME,NAME`;
+  empty: all), in the file's order; an unknown name is an error listing the file's methods."""
+  names = [n for n in only.split(",") if n]
+  if not names:
+    return list(methods)
+  known = [m["name"] for m in methods]
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise ValueError(f"{source}: unknown method(s) {unknown}; the methods: {known}")
+  return [m for m in methods if m["name"] in names]
+
+
 def memory_settings(method: Dict):
   """The method's own memory retrieval, resolved (None: the suite config's eval.mode / eval.topk).
   `memory` is {"mode": M, ...fields of M}: "dense"; "topk" / "approx_topk" with "topk" (required);

@@ -351,6 +351,8 @@ def test_smollm2_study_config_fits_the_import():
   assert [m["name"] for m in only.methods] == ["block_memory_3", "block_memory_all"]
   with pytest.raises(ValueError, match=r"unknown method\(s\) \['nosuch'\]"):
     study_smollm2.get_config("nosuch")
+  from experiments import study_tiny  # the same selection in the tiny study, in the file's order
+  assert [m["name"] for m in study_tiny.get_config("block_memory,fot_memory").methods] == ["fot_memory", "block_memory"]
 
 
 def test_plain_width_rounds_up_by_at_most_a_sixteenth_of_the_octave():
