@@ -168,14 +168,69 @@ def write_results(results: Dict, workdir: str, final: bool = True) -> None:
     return
   arms = list(results["perplexity"])
   mems = results["memory_tokens"]
-  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>14}" for a in arms)
+  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>15}" for a in arms)
   lines = [header, "-" * len(header)]
+  def cell(a, i):  # one seed: no range to give
+    spread = f"±{results['spread'][a][i] / 2:.3f}" if len(results["seeds"][a]) > 1 else " " * 6
+    return f"{results['perplexity'][a][i]:>8.3f} {spread}"
   for i, m in enumerate(mems):
-    lines.append(f"{m:>14,} | " + " | ".join(
-        f"{results['perplexity'][a][i]:>8.3f} ±{results['spread'][a][i] / 2:.3f}" for a in arms))
-  print(f"\nPerplexity (mean over seeds {list(results['seeds'][arms[0]])}, ± half the seeds' range), "
+    lines.append(f"{m:>14,} | " + " | ".join(cell(a, i) for a in arms))
+  seeds = {a: list(v) for a, v in results["seeds"].items()}
+  print(f"\nPerplexity (mean over each arm's seeds {seeds}, ± half their range), "
         f"memory {results['eval_mode']}:\n" + "\n".join(lines), flush=True)
   xs = [max(m, 1) for m in mems]
   runs._plot(os.path.join(workdir, "baselines.png"), {a: (xs, results["perplexity"][a]) for a in arms},
              "tokens of the same document before the scored span", "perplexity (per token)",
              "FoT and the paper's baselines", xticks=(xs, [f"{m:,}" for m in mems]))
+
+
+def merge_results(parts: List[Dict]) -> Dict:
+  """One results dict from runs of the same experiment whose arms or seeds were split over processes
+  or hosts (each its own workdir): per arm and seed the perplexities, training and suites of the
+  part that ran them, arms in the experiment's order. Parts must share the evaluation (memory sizes,
+  documents, memory mode); an arm-seed run twice is an error (which one would be reported?)."""
+  if not parts:
+    raise ValueError("merge_results: no results to merge")
+  keys = ("memory_tokens", "n_docs", "eval_mode")
+  first = parts[0]
+  merged = {k: first[k] for k in ("config",) + keys}
+  merged.update(seeds={}, training={}, rd={}, passkey={})
+  for i, part in enumerate(parts):
+    differ = [k for k in keys if part[k] != first[k]]
+    if differ:
+      raise ValueError(f"merge_results: part {i} evaluates differently from part 0 in {differ}")
+    for arm, per_seed in part["seeds"].items():
+      for seed, ppl in per_seed.items():
+        if seed in merged["seeds"].get(arm, {}):
+          raise ValueError(f"merge_results: {arm} seed {seed} is in more than one part")
+        merged["seeds"].setdefault(arm, {})[seed] = ppl
+        merged["training"].setdefault(arm, {})[seed] = part["training"][arm][seed]
+    for suite in ("rd", "passkey"):
+      for arm, r in part[suite].items():
+        merged[suite].setdefault(arm, r)
+  order = list(first["config"]["baselines"]["arms"])
+  for k in ("seeds", "training", "rd", "passkey"):
+    merged[k] = {a: merged[k][a] for a in sorted(merged[k], key=lambda a: order.index(a) if a in order else len(order))}
+  _summarise(merged, time.time())
+  merged["wall_seconds"] = sum(float(p.get("wall_seconds", 0.0)) for p in parts)  # the parts' own, summed
+  merged["merged_from"] = len(parts)
+  return merged
+
+
+def main(argv=None) -> None:
+  """python -m fot_jax.baselines --out W PART_W [PART_W ...]: merge parts' results.json into W."""
+  import argparse
+  ap = argparse.ArgumentParser(prog="python -m fot_jax.baselines", description=main.__doc__)
+  ap.add_argument("--out", required=True, help="workdir for the merged results.json, table and baselines.png")
+  ap.add_argument("parts", nargs="+", help="workdirs of runs whose arms or seeds were split")
+  a = ap.parse_args(argv)
+  paths = [os.path.join(w, "results.json") for w in a.parts]
+  missing = [p for p in paths if not os.path.exists(p)]
+  if missing:
+    ap.error(f"no results.json in {missing}")
+  os.makedirs(a.out, exist_ok=True)
+  write_results(merge_results([jsonio.read_json(p) for p in paths]), a.out)
+
+
+if __name__ == "__main__":
+  main()

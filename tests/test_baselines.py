@@ -53,3 +53,39 @@ def test_run_trains_every_arm_and_writes_the_table(tmp_path):
   assert len(set(steps.values())) == 1  # the same steps for every arm
   assert [p["name"] for p in out["training"]["hybrid"]["0"]["phases"]][-1] == "memorizing"
   assert (tmp_path / "baselines.png").exists()
+
+
+def _part(arms_seeds, mems=(0, 64)):
+  """A results dict as run_baselines writes it, for the arm-seeds given (perplexity = seed + arm index)."""
+  order = list(configs.BASELINE_ARMS)
+  seeds = {a: {str(s): [float(s + order.index(a) + i) for i in range(len(mems))] for s in ss}
+           for a, ss in arms_seeds.items()}
+  return {"config": {"baselines": {"arms": order}}, "memory_tokens": list(mems), "n_docs": 2,
+          "eval_mode": "topk (top-32)", "seeds": seeds, "wall_seconds": 10.0,
+          "training": {a: {s: {"steps": 1} for s in v} for a, v in seeds.items()},
+          "rd": {a: {"d": a} for a in arms_seeds}, "passkey": {a: {"acc": a} for a in arms_seeds}}
+
+
+def test_merge_joins_arms_and_seeds_run_apart(tmp_path):
+  """Arms and seeds split over processes merge into one table: per-seed values kept, means and
+  spreads over all seeds, arms in the experiment's order; overlaps and other evaluations refused."""
+  a = _part({"fot": (0,), "transformer_xl": (0,)})
+  b = _part({"plain": (0,), "memorizing": (0,)})
+  c = _part({"fot": (1,), "memorizing": (1,)})
+  m = baselines.merge_results([a, b, c])
+  assert list(m["perplexity"]) == ["fot", "memorizing", "transformer_xl", "plain"]
+  assert m["seeds"]["fot"] == {"0": [0.0, 1.0], "1": [1.0, 2.0]}
+  assert m["perplexity"]["fot"] == [0.5, 1.5] and m["spread"]["fot"] == [1.0, 1.0]
+  assert m["spread"]["plain"] == [0.0, 0.0] and m["rd"]["memorizing"] == {"d": "memorizing"}
+  assert m["wall_seconds"] == 30.0 and m["merged_from"] == 3
+  with pytest.raises(ValueError, match="fot seed 0 is in more than one part"):
+    baselines.merge_results([a, _part({"fot": (0,)})])
+  with pytest.raises(ValueError, match=r"part 1 evaluates differently from part 0 in \['memory_tokens'\]"):
+    baselines.merge_results([a, _part({"plain": (0,)}, mems=(0, 128))])
+  for i, part in enumerate((a, c)):
+    (tmp_path / f"p{i}").mkdir()
+    (tmp_path / f"p{i}" / "results.json").write_text(json.dumps(part))
+  baselines.main(["--out", str(tmp_path / "all"), str(tmp_path / "p0"), str(tmp_path / "p1")])
+  out = json.loads((tmp_path / "all" / "results.json").read_text())
+  assert out["complete"] and out["seeds"]["memorizing"] == {"1": [2.0, 3.0]}
+  assert (tmp_path / "all" / "baselines.png").exists()
