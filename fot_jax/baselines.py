@@ -188,7 +188,8 @@ def merge_results(parts: List[Dict]) -> Dict:
   """One results dict from runs of the same experiment whose arms or seeds were split over processes
   or hosts (each its own workdir): per arm and seed the perplexities, training and suites of the
   part that ran them, arms in the experiment's order. Parts must share the evaluation (memory sizes,
-  documents, memory mode); an arm-seed run twice is an error (which one would be reported?)."""
+  documents, memory mode); an arm-seed in two parts (FoT, when each process trains the arms that
+  follow it) must have the same perplexities there, else it is an error."""
   if not parts:
     raise ValueError("merge_results: no results to merge")
   keys = ("memory_tokens", "n_docs", "eval_mode")
@@ -201,8 +202,12 @@ def merge_results(parts: List[Dict]) -> Dict:
       raise ValueError(f"merge_results: part {i} evaluates differently from part 0 in {differ}")
     for arm, per_seed in part["seeds"].items():
       for seed, ppl in per_seed.items():
-        if seed in merged["seeds"].get(arm, {}):
-          raise ValueError(f"merge_results: {arm} seed {seed} is in more than one part")
+        seen = merged["seeds"].get(arm, {}).get(seed)
+        if seen is not None:  # the same trained arm evaluated twice (e.g. FoT, which the others follow)
+          if not np.allclose(seen, ppl, rtol=1e-5):
+            raise ValueError(f"merge_results: {arm} seed {seed} is in more than one part with other "
+                             f"perplexities ({seen} against {ppl})")
+          continue
         merged["seeds"].setdefault(arm, {})[seed] = ppl
         merged["training"].setdefault(arm, {})[seed] = part["training"][arm][seed]
     for suite in ("rd", "passkey"):

@@ -78,8 +78,11 @@ def test_merge_joins_arms_and_seeds_run_apart(tmp_path):
   assert m["perplexity"]["fot"] == [0.5, 1.5] and m["spread"]["fot"] == [1.0, 1.0]
   assert m["spread"]["plain"] == [0.0, 0.0] and m["rd"]["memorizing"] == {"d": "memorizing"}
   assert m["wall_seconds"] == 30.0 and m["merged_from"] == 3
-  with pytest.raises(ValueError, match="fot seed 0 is in more than one part"):
-    baselines.merge_results([a, _part({"fot": (0,)})])
+  again = _part({"fot": (0,), "hybrid": (0,)})  # FoT again, as each process runs it before its arms
+  assert baselines.merge_results([a, again])["seeds"]["fot"] == {"0": [0.0, 1.0]}
+  again["seeds"]["fot"]["0"] = [0.0, 1.5]
+  with pytest.raises(ValueError, match="fot seed 0 is in more than one part with other perplexities"):
+    baselines.merge_results([a, again])
   with pytest.raises(ValueError, match=r"part 1 evaluates differently from part 0 in \['memory_tokens'\]"):
     baselines.merge_results([a, _part({"plain": (0,)}, mems=(0, 128))])
   for i, part in enumerate((a, c)):
