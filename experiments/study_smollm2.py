@@ -37,7 +37,7 @@ LENGTHS = (4096, 8192, 16384)
 
 def methods():
   out = [m for m in study_tiny.methods(l0=L0, factor=FACTOR, se_window=1024, se_group=64)
-         if not m["name"].startswith(("fot_memory", "block_memory"))]
+         if not m["name"].startswith(("fot_memory", "block_memory", "topk_memory"))]
   out += [{"name": "fot_memory_all", "inference": "memory", "window": 512,
            "overrides": {"mem_layers": tuple(range(30))}},
           {"name": "fot_memory_3", "inference": "memory", "window": 512,

@@ -67,6 +67,9 @@ def methods(l0=L0, factor=FACTOR, memory_layers=(1,), all_layers=(0, 1, 2), se_w
       {"name": "fot_memory_all", "inference": "memory", "overrides": {"mem_layers": tuple(all_layers)}},
       {"name": "block_memory", "inference": "memory", "overrides": {"mem_layers": tuple(memory_layers)},
        "memory": dict(blocks)},
+      # block_memory's budget token by token (4 blocks of 32 = 128 memory tokens): what the blocks cost
+      {"name": "topk_memory", "inference": "memory", "overrides": {"mem_layers": tuple(memory_layers)},
+       "memory": {"mode": "topk", "topk": blocks["block_size"] * blocks["block_topk"]}},
   ]
 
 
