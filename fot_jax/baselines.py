@@ -178,10 +178,40 @@ def write_results(results: Dict, workdir: str, final: bool = True) -> None:
   seeds = {a: list(v) for a, v in results["seeds"].items()}
   print(f"\nPerplexity (mean over each arm's seeds {seeds}, ± half their range), "
         f"memory {results['eval_mode']}:\n" + "\n".join(lines), flush=True)
+  with open(os.path.join(workdir, "baselines.md"), "w") as f:
+    f.write(markdown(results))
   xs = [max(m, 1) for m in mems]
   runs._plot(os.path.join(workdir, "baselines.png"), {a: (xs, results["perplexity"][a]) for a in arms},
              "tokens of the same document before the scored span", "perplexity (per token)",
              "FoT and the paper's baselines", xticks=(xs, [f"{m:,}" for m in mems]))
+
+
+def markdown(results: Dict) -> str:
+  """W/baselines.md: perplexity per arm against memory (each seed, and the mean), then r_d and
+  passkey per arm, as measured (what docs/baselines.md's tables are copied from)."""
+  mems = results["memory_tokens"]
+  lines = [f"Perplexity against tokens of the same document in memory ({results['eval_mode']}; "
+           f"{results['n_docs']} held-out documents):", "",
+           "| arm | seeds | " + " | ".join(f"{m:,}" for m in mems) + " |",
+           "| --- | --- |" + " ---: |" * len(mems)]
+  for arm, per_seed in results["seeds"].items():
+    for seed, ppl in per_seed.items():
+      lines.append(f"| {arm} | {seed} | " + " | ".join(f"{p:.3f}" for p in ppl) + " |")
+    if len(per_seed) > 1:
+      lines.append(f"| {arm} | mean | " + " | ".join(f"**{p:.3f}**" for p in results["perplexity"][arm]) + " |")
+  rd_ds = sorted({d for r in results["rd"].values() if r for d in r["d"]})
+  if rd_ds:
+    lines += ["", "r_d (positive attention mass) by d documents in memory:", "",
+              "| arm | " + " | ".join(f"d={d}" for d in rd_ds) + " |", "| --- |" + " ---: |" * len(rd_ds)]
+    for arm, r in results["rd"].items():
+      if r:
+        by_d = dict(zip(r["d"], r["r_d"]))
+        lines.append(f"| {arm} | " + " | ".join(f"{by_d[d]:.3f}" if d in by_d else "-" for d in rd_ds) + " |")
+  lines += ["", "passkey accuracy by length (mean over depths):", ""]
+  for arm, r in results["passkey"].items():
+    if r:
+      lines.append(f"- {arm}: " + ", ".join(f"{n:,}: {a:.2f}" for n, a in zip(r["lengths"], r["accuracy_per_length"])))
+  return "\n".join(lines) + "\n"
 
 
 def merge_results(parts: List[Dict]) -> Dict:

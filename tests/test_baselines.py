@@ -63,7 +63,8 @@ def _part(arms_seeds, mems=(0, 64)):
   return {"config": {"baselines": {"arms": order}}, "memory_tokens": list(mems), "n_docs": 2,
           "eval_mode": "topk (top-32)", "seeds": seeds, "wall_seconds": 10.0,
           "training": {a: {s: {"steps": 1} for s in v} for a, v in seeds.items()},
-          "rd": {a: {"d": a} for a in arms_seeds}, "passkey": {a: {"acc": a} for a in arms_seeds}}
+          "rd": {a: {"d": [2], "r_d": [0.1 * order.index(a)]} for a in arms_seeds},
+          "passkey": {a: {"lengths": [256], "accuracy_per_length": [0.5]} for a in arms_seeds}}
 
 
 def test_merge_joins_arms_and_seeds_run_apart(tmp_path):
@@ -76,7 +77,7 @@ def test_merge_joins_arms_and_seeds_run_apart(tmp_path):
   assert list(m["perplexity"]) == ["fot", "memorizing", "transformer_xl", "plain"]
   assert m["seeds"]["fot"] == {"0": [0.0, 1.0], "1": [1.0, 2.0]}
   assert m["perplexity"]["fot"] == [0.5, 1.5] and m["spread"]["fot"] == [1.0, 1.0]
-  assert m["spread"]["plain"] == [0.0, 0.0] and m["rd"]["memorizing"] == {"d": "memorizing"}
+  assert m["spread"]["plain"] == [0.0, 0.0] and m["rd"]["memorizing"] == {"d": [2], "r_d": [0.1]}
   assert m["wall_seconds"] == 30.0 and m["merged_from"] == 3
   again = _part({"fot": (0,), "hybrid": (0,)})  # FoT again, as each process runs it before its arms
   assert baselines.merge_results([a, again])["seeds"]["fot"] == {"0": [0.0, 1.0]}
@@ -92,3 +93,6 @@ def test_merge_joins_arms_and_seeds_run_apart(tmp_path):
   out = json.loads((tmp_path / "all" / "results.json").read_text())
   assert out["complete"] and out["seeds"]["memorizing"] == {"1": [2.0, 3.0]}
   assert (tmp_path / "all" / "baselines.png").exists()
+  table = (tmp_path / "all" / "baselines.md").read_text()
+  assert "| fot | 1 | 1.000 | 2.000 |" in table and "| fot | mean | **0.500** | **1.500** |" in table
+  assert "| memorizing | 0.100 |" in table and "- fot: 256: 0.50" in table
