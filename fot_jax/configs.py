@@ -24,13 +24,7 @@ def _plain(x):
 
 def model_config(config) -> ModelConfig:
   overrides = _plain(config.model.get("overrides", {}))
-  known = {f.name for f in dataclasses.fields(ModelConfig)}
-  unknown = sorted(set(overrides) - known)
-  if unknown:
-    raise ValueError(f"model.overrides: unknown field(s) {unknown}; known: {sorted(known)}")
-  if "mem_layers" in overrides:
-    overrides["mem_layers"] = tuple(int(x) for x in overrides["mem_layers"])
-  return get_size(config.model.size, **overrides)
+  return ModelConfig.from_dict(overrides, "model.overrides", base=get_size(config.model.size))
 
 
 def dictionary_task(config) -> DictionaryTask:

@@ -34,7 +34,6 @@ unknown suite, a missing base) ends in one line `fot_jax.study: ...` naming it, 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -101,19 +100,7 @@ def plain_width(t: int, pad: int) -> int:
 def method_model_config(base_cfg, method: Dict):
   """The base ModelConfig with the method's overrides, validated (errors name the method)."""
   name = method.get("name", "?")
-  fields = {f.name for f in dataclasses.fields(base_cfg)}
-  overrides = dict(method.get("overrides", {}))
-  unknown = sorted(set(overrides) - fields)
-  if unknown:
-    raise ValueError(f"study method {name!r}: unknown ModelConfig field(s) {unknown}")
-  if "mem_layers" in overrides:
-    overrides["mem_layers"] = tuple(int(x) for x in overrides["mem_layers"])
-  cfg = dataclasses.replace(base_cfg, **overrides)
-  try:
-    cfg.validate()
-  except ValueError as e:
-    raise ValueError(f"study method {name!r}: {e}") from None
-  return cfg
+  return type(base_cfg).from_dict(dict(method.get("overrides", {})), f"study method {name!r}", base=base_cfg)
 
 
 def select_methods(methods: List[Dict], only: str, source: str) -> List[Dict]:

@@ -211,9 +211,8 @@ def _run(cmd: List[str]) -> Tuple[Optional[int], str, str]:
 
 def _model_json(directory: str, **changes):
   """A checkpoint directory holding only fot_jax_model.json (its fields are read before any parameter)."""
-  from fot_jax.convert.mapping import model_config_dict
   from fot_jax.model.config import get_size
-  info = {"model": model_config_dict(get_size("tiny")), "window": 16, "tokenizer": None, "vocab": "byte"}
+  info = {"model": get_size("tiny").to_dict(), "window": 16, "tokenizer": None, "vocab": "byte"}
   for key, value in changes.items():
     (info["model"] if key in info["model"] else info)[key] = value
   os.makedirs(directory)

@@ -104,8 +104,7 @@ def test_verify_failures_by_dtype():
 
 def _model_json(directory, **changes):
   """A checkpoint directory holding only fot_jax_model.json (its fields are read before any parameter)."""
-  from fot_jax.convert.mapping import model_config_dict
-  info = {"model": model_config_dict(get_size("tiny")), "window": 16, "tokenizer": None, "vocab": "byte"}
+  info = {"model": get_size("tiny").to_dict(), "window": 16, "tokenizer": None, "vocab": "byte"}
   for key, value in changes.items():
     if key in info["model"]:
       info["model"][key] = value
@@ -126,6 +125,28 @@ def test_model_json_field_of_the_wrong_type_names_file_and_field(tmp_path, field
     checkpoint.load(str(ck))
   msg = str(info.value)
   assert msg.startswith(str(ck / checkpoint.MODEL_JSON) + ": ") and field in msg and repr(value) in msg
+
+
+def test_model_config_from_dict_is_the_one_parser():
+  cfg = get_size("tiny")
+  d = cfg.to_dict()
+  assert d["mem_layers"] == [1] and json.loads(json.dumps(d)) == d  # what fot_jax_model.json holds
+  assert ModelConfig.from_dict(d, "here") == cfg
+  assert ModelConfig.from_dict({"mem_layers": [0, "2"]}, "here", base=cfg).mem_layers == (0, 2)
+  with pytest.raises(ValueError, match=r"^SRC: unknown ModelConfig field\(s\) \['nope'\]"):
+    ModelConfig.from_dict({"nope": 1, "num_layers": 2}, "SRC")
+  with pytest.raises(ValueError, match=r"^SRC: model.mem_layers: layer 5 is outside 0..2"):
+    ModelConfig.from_dict({"mem_layers": [5]}, "SRC", base=cfg)
+
+
+def test_model_json_unknown_field_is_named(tmp_path):
+  ck = tmp_path / "ck"
+  _model_json(ck)
+  info = json.loads((ck / checkpoint.MODEL_JSON).read_text())
+  info["model"]["nope"] = 1
+  (ck / checkpoint.MODEL_JSON).write_text(json.dumps(info))
+  with pytest.raises(ConvertError, match=r"fot_jax_model.json: unknown ModelConfig field\(s\) \['nope'\]"):
+    checkpoint.load(str(ck))
 
 
 def test_every_model_config_field_has_a_type_check():

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import shutil
 import warnings
@@ -17,6 +16,7 @@ from fot_jax.convert.checkpoint import Checkpoint
 from fot_jax.convert.hf_files import (ConvertError, WeightReader, ensure_empty_dir, parse_size,
                                       read_json, write_safetensors)
 from fot_jax.jsonio import write_json
+from fot_jax.model.config import ModelConfig
 
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -105,13 +105,10 @@ def _override(ck: Checkpoint, overrides: dict, path: str) -> Checkpoint:
     return ck
   if overrides.get("mem_layers") == "all":
     overrides["mem_layers"] = range(ck.cfg.num_layers)
-  if "mem_layers" in overrides:
-    overrides["mem_layers"] = tuple(int(x) for x in overrides["mem_layers"])
-  ck.cfg = dataclasses.replace(ck.cfg, **overrides)
   try:
-    ck.cfg.validate()
+    ck.cfg = ModelConfig.from_dict(overrides, path, base=ck.cfg)
   except ValueError as e:
-    raise ConvertError(f"{path}: {e}") from None
+    raise ConvertError(str(e)) from None
   checkpoint.check_params(ck.params, ck.cfg, path)
   return ck
 

@@ -91,8 +91,7 @@ def write_model_json(directory: str, cfg: ModelConfig, window: Optional[int], **
   """Writes fot_jax_model.json (process 0 only, atomically); the trainer calls this for its workdir."""
   if jax.process_index() != 0:
     return
-  from fot_jax.convert.mapping import model_config_dict
-  write_json(os.path.join(directory, MODEL_JSON), {"model": model_config_dict(cfg), "window": window, **meta})
+  write_json(os.path.join(directory, MODEL_JSON), {"model": cfg.to_dict(), "window": window, **meta})
 
 
 def save(path: str, params, cfg: ModelConfig, window: Optional[int], tokenizer: Optional[str] = None,
@@ -152,19 +151,11 @@ def _model_config(info: dict, source: str) -> ModelConfig:
   fields = info.get("model")
   if not isinstance(fields, dict) or not fields:
     raise ConvertError(f"{source}: 'model' must be an object of ModelConfig fields, got {fields!r}")
-  fields = dict(fields)
-  known = {f.name for f in dataclasses.fields(ModelConfig)}
-  unknown = sorted(set(fields) - known)
-  if unknown:
-    raise ConvertError(f"{source}: 'model' must hold ModelConfig fields; unknown {unknown}")
-  check_model_fields(fields, source)
-  fields["mem_layers"] = tuple(fields.get("mem_layers", ()))
+  check_model_fields(fields, source)  # types first (unknown keys are ModelConfig.from_dict's)
   try:
-    cfg = ModelConfig(**fields)
-    cfg.validate()
-  except (TypeError, ValueError) as e:  # e.g. a RoPE parameter of the wrong type
-    raise ConvertError(f"{source}: {e}") from None
-  return cfg
+    return ModelConfig.from_dict(fields, source)
+  except ValueError as e:
+    raise ConvertError(str(e)) from None
 
 
 def check_model_json(info, source: str) -> None:

@@ -10,7 +10,6 @@ rope_to_hf (docs/context_extension.md).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import warnings
@@ -172,13 +171,10 @@ def _model_config_from_hf(hf: dict, source: str, overrides: dict) -> Tuple[Model
   fields.update(mem_qk_norm=bool(extras.get("mem_qk_norm", False)),
                 mem_gating=bool(extras.get("mem_gating", False)))
   fields.update({k: v for k, v in overrides.items() if v is not None})
-  if "mem_layers" in fields:
-    fields["mem_layers"] = tuple(int(x) for x in fields["mem_layers"])
-  cfg = ModelConfig(**fields)
   try:
-    cfg.validate()
+    cfg = ModelConfig.from_dict(fields, source)
   except ValueError as e:
-    raise ConvertError(f"{source}: {e}") from None
+    raise ConvertError(str(e)) from None
   window = hf.get("max_position_embeddings", 2048)
   if cfg.rope_type == "dynamic":  # max_position_embeddings is NTK's reference there (rope_to_hf)
     window = hf.get("last_context_length") or window
@@ -291,11 +287,3 @@ def hf_tensors(params: dict, cfg: ModelConfig) -> Dict[str, np.ndarray]:
     arr = np.asarray(node, np.float32)
     out[name] = np.ascontiguousarray(arr.T if transpose else arr)
   return out
-
-
-def model_config_dict(cfg: ModelConfig) -> dict:
-  d = dataclasses.asdict(cfg)
-  d["mem_layers"] = list(cfg.mem_layers)
-  d["rope_scaling"] = dict(cfg.rope_scaling)
-  d["position_strategy"] = dict(cfg.position_strategy)
-  return d

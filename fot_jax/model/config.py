@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from fot_jax.model import position_strategies, rope
 
@@ -63,6 +63,35 @@ class ModelConfig:
   def __post_init__(self):  # a dict (experiment file, fot_jax_model.json) becomes the pairs
     object.__setattr__(self, "rope_scaling", rope.scaling_tuple(self.rope_scaling))
     object.__setattr__(self, "position_strategy", position_strategies.strategy_tuple(self.position_strategy))
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], where: str, base: Optional["ModelConfig"] = None) -> "ModelConfig":
+    """The one parser of ModelConfig fields (an experiment's overrides, fot_jax_model.json, a study
+    method, config.json's fields, load overrides): `base` (default: the defaults) with the fields
+    of `d`, list-valued integer fields as tuples of ints, validated. Every error is a ValueError
+    that starts with `where`; an unknown key is named."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+      raise ValueError(f"{where}: unknown ModelConfig field(s) {unknown}; known: {sorted(known)}")
+    fields = dict(d)
+    for name, value in fields.items():
+      if str(known[name].type) == "Tuple[int, ...]" and value is not None:
+        fields[name] = tuple(int(x) for x in value)
+    try:
+      cfg = dataclasses.replace(base or cls(), **fields)
+      cfg.validate()
+    except (TypeError, ValueError) as e:  # e.g. a RoPE parameter of the wrong type
+      raise ValueError(f"{where}: {e}") from None
+    return cfg
+
+  def to_dict(self) -> dict:
+    """The fields as JSON values (what fot_jax_model.json holds; from_dict reads it back)."""
+    d = dataclasses.asdict(self)
+    d["mem_layers"] = list(self.mem_layers)
+    d["rope_scaling"] = dict(self.rope_scaling)
+    d["position_strategy"] = dict(self.position_strategy)
+    return d
 
   @property
   def kv_heads(self) -> int:
