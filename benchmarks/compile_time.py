@@ -41,8 +41,9 @@ import jax.numpy as jnp
 
 from fot_jax import crossbatch
 from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
-from fot_jax.train import init_params, lm_loss_sums
+from fot_jax.train import lm_loss_sums
 
 VARIANTS = (("unrolled", False), ("scanned", True))
 

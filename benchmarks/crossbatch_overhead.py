@@ -62,7 +62,8 @@ import numpy as np
 
 from fot_jax import crossbatch
 from fot_jax.model.config import get_size
-from fot_jax.train import TrainState, init_params, make_optimizer, make_train_step, stacked_plan
+from fot_jax.model.init import init_params
+from fot_jax.train import TrainState, make_optimizer, make_train_step, stacked_plan
 
 
 def parse_args(argv=None):

@@ -40,7 +40,8 @@ def main():
   from data_pipelines import pipeline
   from fot_jax import configs, crossbatch
   from fot_jax.curriculum import Schedule
-  from fot_jax.train import TrainState, init_params, make_optimizer, make_train_step, stacked_plan
+  from fot_jax.model.init import init_params
+  from fot_jax.train import TrainState, make_optimizer, make_train_step, stacked_plan
   config = _load(a.config)
   configs.validate(config)
   batcher = pipeline.lm_batches_from_config(config)

@@ -52,7 +52,8 @@ def main():
   p.add_argument("--steps", type=int, default=5)
   a = p.parse_args()
   from fot_jax import configs
-  from fot_jax.train import count_trainable, init_params, make_optimizer, resolve_trainable
+  from fot_jax.model.init import init_params
+  from fot_jax.train import count_trainable, make_optimizer, resolve_trainable
   config = configs.load_module(a.config).get_config()
   configs.validate(config, check_data=False)
   cfg = configs.model_config(config)

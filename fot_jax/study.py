@@ -343,7 +343,8 @@ def finetune_method(base, method: Dict, config, workdir: str):
   checkpoints; a directory of other settings is trained again) -> (params, summary)."""
   import shutil
   import jax
-  from fot_jax.train import init_params, train
+  from fot_jax.model.init import init_params
+  from fot_jax.train import train
   s, ctx, window, k, schedule = _finetune_plan(base, method, config)
   name = method["name"]
   out_dir = os.path.join(workdir, "finetune", name)

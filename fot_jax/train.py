@@ -28,6 +28,7 @@ from fot_jax import recurrent as recurrent_lib
 from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel as cp
 from fot_jax.model.config import ModelConfig
+from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel, weights_in_compute_dtype
 from fot_jax.recurrent import RecurrentSpec
 
@@ -141,13 +142,6 @@ def count_trainable(cfg: ModelConfig, trainable: Optional[Trainable]) -> Tuple[i
   paths = parameter_paths(cfg)
   total = sum(paths.values())
   return (total if trainable is None else sum(n for k, n in paths.items() if trainable.matches(k))), total
-
-
-def init_params(cfg: ModelConfig, seed: int, seq_len: int = 8, boxed: bool = False):
-  """Parameters; `boxed` keeps flax's logical-axis metadata (for sharding specs)."""
-  model = LlamaModel(cfg)
-  params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, seq_len), jnp.int32))["params"]
-  return params if boxed else nn.meta.unbox(params)
 
 
 def state_shardings(cfg: ModelConfig, optimizer, mesh, rules, trainable: Optional[Trainable] = None):

@@ -326,8 +326,8 @@ def test_grouped_widths_pass_through_remat():
   """With remat (LongLLaMA's configs) the plan's static widths must stay concrete through the
   checkpointed layers: the remat model's logits and r_d equal the plain model's, grouped."""
   from fot_jax.model.config import get_size
+  from fot_jax.model.init import init_params
   from fot_jax.model.llama import LlamaModel
-  from fot_jax.train import init_params
   plan = cb.segments_plan(8, LONGLLAMA)
   cfg = get_size("tiny", vocab_size=64, mem_layers=(1,), num_layers=2, hidden_size=32, intermediate_size=32)
   params = init_params(cfg, 0)

@@ -8,7 +8,7 @@ from fot_jax.inference import MemoryInference
 from fot_jax.model import attention_ops as ops
 from fot_jax.model import memory as mem
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 T = 8
 

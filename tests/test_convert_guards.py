@@ -273,7 +273,7 @@ def _big_tokenizer(path, n):
 
 
 def _small_checkpoint(path):
-  from fot_jax.train import init_params
+  from fot_jax.model.init import init_params
   cfg = get_size("tiny")
   checkpoint.save(str(path), init_params(cfg, 0), cfg, 16, vocab="byte")
   return path

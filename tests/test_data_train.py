@@ -125,7 +125,7 @@ def test_shared_context_perplexity_equals_a_pass_per_memory_size():
   """The one-pass evaluation (single memory layer) against plain window-by-window processing."""
   from fot_jax.eval import perplexity
   from fot_jax.inference import MemoryInference
-  from fot_jax.train import init_params
+  from fot_jax.model.init import init_params
   cfg = get_size("tiny", mem_layers=(1,))
   inference = MemoryInference(cfg, init_params(cfg, 3), window=8)
   streams = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 61))

@@ -7,7 +7,7 @@ import pytest
 from data_pipelines.dictionary_lookup import DictionaryTask
 from fot_jax.eval import dictionary, far_end, host_index
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 TASK = DictionaryTask(num_symbols=32, num_value_symbols=16, key_len=2, value_len=2, n_defs=8, n_queries=4)
 

@@ -14,7 +14,7 @@ import pytest
 from fot_jax.convert import checkpoint
 from fot_jax.eval import heads, suite
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 
 def _np_attention(cfg, params, tokens):

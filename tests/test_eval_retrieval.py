@@ -12,7 +12,7 @@ from fot_jax.eval import niah, passkey, retrieval
 from fot_jax.eval.effective_length import effective_length
 from fot_jax.inference import MemoryInference
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 BYTE = get_vocabulary("byte")
 CODE = ["import os\n\ndef f(x):\n    return x + 1\n" * 20, "class A:\n    pass\n# a comment line\n" * 30]

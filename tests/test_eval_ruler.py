@@ -18,7 +18,7 @@ from fot_jax.convert import checkpoint
 from fot_jax.eval import report, ruler, suite
 from fot_jax.inference import MemoryInference, end_aligned
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 BYTE = get_vocabulary("byte")
 # the training task's wording (data_pipelines/retrieval_docs.py): held out of every evaluation template

@@ -11,7 +11,7 @@ from fot_jax.convert import checkpoint
 from fot_jax.eval import perplexity, report, suite
 from fot_jax.inference import MemoryInference
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

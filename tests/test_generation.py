@@ -6,7 +6,7 @@ import pytest
 
 from fot_jax.inference import MemoryInference, end_aligned, sample
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 W = 4
 

@@ -7,8 +7,8 @@ import pytest
 from fot_jax import crossbatch
 from fot_jax.inference import MemoryInference
 from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
-from fot_jax.train import init_params
 
 T = 8
 

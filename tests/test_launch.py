@@ -114,7 +114,7 @@ def test_plan_mode_reports_params_flops_and_memory_without_a_workdir():
                "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
   assert proc.returncode == 0, proc.stdout + proc.stderr
   out = proc.stdout
-  from fot_jax.train import init_params
+  from fot_jax.model.init import init_params
   cfg = configs.model_config(configs.load_module("experiments/dictionary_lookup.py").get_config())
   import jax
   n = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(init_params(cfg, 0)))

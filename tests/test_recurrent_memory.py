@@ -8,9 +8,10 @@ import pytest
 from fot_jax import recurrent
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
-from fot_jax.train import TrainState, init_params, make_optimizer, make_train_step, train
+from fot_jax.train import TrainState, make_optimizer, make_train_step, train
 
 T = 8
 CFG = get_size("tiny")  # 3 layers, memory layer 1, GQA

@@ -9,8 +9,8 @@ import pytest
 
 from fot_jax import crossbatch as cb
 from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
-from fot_jax.train import init_params
 
 # Layers 0-1 and 3-4 scan as two runs around the memory layer 2.
 CFG = get_size("tiny", num_layers=5, mem_layers=(2,))

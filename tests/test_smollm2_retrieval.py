@@ -13,7 +13,7 @@ from experiments import smollm2_retrieval
 from fot_jax import configs, runs
 from fot_jax.convert import checkpoint
 from fot_jax.eval import retrieval, ruler
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 from tests.test_vocab_hf import make_tokenizer
 
 

@@ -16,8 +16,8 @@ from fot_jax import study
 from fot_jax.convert import checkpoint
 from fot_jax.eval import suite
 from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
-from fot_jax.train import init_params
 
 L0 = 16
 PI = {"name": "pi", "inference": "plain", "overrides": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}}

@@ -9,8 +9,9 @@ from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
 from fot_jax import crossbatch
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel, weights_in_compute_dtype
-from fot_jax.train import init_params, lm_loss_sums, make_optimizer, make_train_step, train, TrainState
+from fot_jax.train import lm_loss_sums, make_optimizer, make_train_step, train, TrainState
 
 TASK = DictionaryTask(num_symbols=32, num_value_symbols=16, key_len=1, value_len=1, n_defs=8, n_queries=8)
 CFG = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=(1,))

@@ -14,7 +14,7 @@ from data_pipelines.vocab import HFVocab, checkpoint_vocab_spec, get_vocabulary
 from fot_jax.convert import checkpoint
 from fot_jax.eval import passkey, retrieval, suite
 from fot_jax.model.config import get_size
-from fot_jax.train import init_params
+from fot_jax.model.init import init_params
 
 TEXTS = ["def f(x):\n    return x * 2  # double\n", "The pass key is 4821. Remember it.\n",
          "naïve café — ünïcödé 日本語 \t tabs  and   spaces\n", "class A:\n    pass\n" * 3]

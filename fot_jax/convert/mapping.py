@@ -20,6 +20,7 @@ import numpy as np
 
 from fot_jax.convert.hf_files import ConvertError
 from fot_jax.model.config import ModelConfig
+from fot_jax.model.init import param_shapes
 from fot_jax.model.rope import VARIANTS, scaling_tuple
 
 LLAMA_TYPES = ("llama", "longllama")
@@ -239,10 +240,7 @@ def tensor_map(cfg: ModelConfig) -> Iterator[Tuple[str, Tuple[str, ...], bool]]:
 
 def expected_shapes(cfg: ModelConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
   """{param path: shape} of the fot_jax model, without allocating it."""
-  from fot_jax.train import init_params
-  tree = jax.eval_shape(lambda: init_params(cfg, 0))
-  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
+  return param_shapes(cfg)
 
 
 def _set(tree: dict, path, value):
