@@ -290,7 +290,7 @@ def _finetune_plan(base, method: Dict, config):
   """(settings, method context, window, windows per slot, Schedule) of a fine-tuned method,
   checked against the base (errors name the method)."""
   from fot_jax import crossbatch
-  from fot_jax.convert import checkpoint
+  from fot_jax import checkpoint
   from fot_jax.curriculum import Schedule
   s = finetune_settings(config, method)
   name = method["name"]

@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 import fot_jax
 from fot_jax.convert import ConvertError, export_hf, import_hf
 from fot_jax.convert.__main__ import main as convert_main
-from fot_jax.convert.checkpoint import load
+from fot_jax.checkpoint import load
 from tests.hf_models import VOCAB, make_hf, torch_logits
 
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, 11))

@@ -11,7 +11,8 @@ import ml_collections
 import pytest
 
 from fot_jax import study
-from fot_jax.convert import ConvertError, checkpoint, mapping
+from fot_jax import checkpoint
+from fot_jax.convert import ConvertError, mapping
 from fot_jax.convert.__main__ import main as convert_main
 from fot_jax.model.config import ModelConfig, get_size
 

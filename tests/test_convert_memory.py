@@ -107,7 +107,7 @@ def test_init_from_with_a_mismatched_model_is_refused(tmp_path):
 
 
 def test_verify_export_compares_with_the_torch_reference(tmp_path):
-  from fot_jax.convert.hf_files import ConvertError
+  from fot_jax.checkpoint import ConvertError
   from fot_jax.convert.verify import verify_export
   make_hf(tmp_path / "hf", vocab_size=260)  # byte ids fit
   model = fot_jax.from_pretrained(str(tmp_path / "hf"), mem_layers=(1,))

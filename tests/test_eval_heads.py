@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from fot_jax.convert import checkpoint
+from fot_jax import checkpoint
 from fot_jax.eval import heads, suite
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params

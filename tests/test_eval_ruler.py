@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data_pipelines import train_tokenizer
 from data_pipelines.vocab import get_vocabulary
-from fot_jax.convert import checkpoint
+from fot_jax import checkpoint
 from fot_jax.eval import report, ruler, suite
 from fot_jax.inference import MemoryInference, end_aligned
 from fot_jax.model.config import get_size

@@ -12,7 +12,7 @@ from transformers import LlamaForCausalLM
 
 import fot_jax
 from fot_jax.convert import ConvertError, import_hf
-from fot_jax.convert.checkpoint import load
+from fot_jax.checkpoint import load
 from fot_jax.convert.mapping import model_config_from_hf
 from fot_jax.convert.torch_reference import TorchMemoryLlama
 from fot_jax.model import rope

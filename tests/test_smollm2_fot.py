@@ -9,7 +9,8 @@ from flax import traverse_util
 
 from experiments import smollm2_fot
 from fot_jax import configs, runs
-from fot_jax.convert import checkpoint, export_hf
+from fot_jax import checkpoint
+from fot_jax.convert import export_hf
 from fot_jax.model.init import init_params
 from tests.test_vocab_hf import make_tokenizer
 

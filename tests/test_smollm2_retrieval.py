@@ -11,7 +11,7 @@ from flax import traverse_util
 import fot_jax
 from experiments import smollm2_retrieval
 from fot_jax import configs, runs
-from fot_jax.convert import checkpoint
+from fot_jax import checkpoint
 from fot_jax.eval import retrieval, ruler
 from fot_jax.model.init import init_params
 from tests.test_vocab_hf import make_tokenizer

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fot_jax import study
-from fot_jax.convert import checkpoint
+from fot_jax import checkpoint
 from fot_jax.eval import suite
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params

@@ -98,7 +98,7 @@ def test_init_from_refuses_other_positions(tmp_path):
   """RoPE and the norm's epsilon leave no trace in parameter shapes: init_from compares
   rope_theta, rope_scaling and rms_norm_eps."""
   import dataclasses
-  from fot_jax.convert import checkpoint
+  from fot_jax import checkpoint
   from fot_jax.train import params_from_checkpoint
   cfg = dataclasses.replace(CFG, rope_scaling={"rope_type": "linear", "factor": 2.0})
   checkpoint.save(str(tmp_path / "ck"), init_params(cfg, 0), cfg, window=16)

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from data_pipelines import pipeline
 from data_pipelines.vocab import HFVocab, checkpoint_vocab_spec, get_vocabulary
-from fot_jax.convert import checkpoint
+from fot_jax import checkpoint
 from fot_jax.eval import passkey, retrieval, suite
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params

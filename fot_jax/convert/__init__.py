@@ -5,7 +5,7 @@ torch, transformers and safetensors are imported only inside the functions that 
 """
 from fot_jax.convert.api import (Pretrained, export_hf, from_pretrained, import_gguf, import_hf, load_any,
                                  load_gguf, load_hf)
-from fot_jax.convert.hf_files import ConvertError
+from fot_jax.checkpoint import ConvertError
 
 __all__ = ["ConvertError", "Pretrained", "export_hf", "from_pretrained", "import_gguf", "import_hf", "load_any",
            "load_gguf", "load_hf"]

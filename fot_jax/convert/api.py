@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax.convert import checkpoint, mapping
-from fot_jax.convert.checkpoint import Checkpoint
-from fot_jax.convert.hf_files import (ConvertError, WeightReader, ensure_empty_dir, parse_size,
-                                      read_json, write_safetensors)
+from fot_jax import checkpoint
+from fot_jax.checkpoint import Checkpoint, ConvertError, ensure_empty_dir, read_json
+from fot_jax.convert import mapping
+from fot_jax.convert.hf_files import WeightReader, parse_size, write_safetensors
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
 

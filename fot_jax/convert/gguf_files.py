@@ -14,7 +14,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from fot_jax.convert.hf_files import ConvertError
+from fot_jax.checkpoint import ConvertError
 
 GGUF_ARCHITECTURES = ("llama",)  # general.architecture values fot_jax's decoder reproduces
 

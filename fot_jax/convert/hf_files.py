@@ -16,38 +16,7 @@ from typing import Dict, Iterable, Tuple
 import numpy as np
 
 from fot_jax import jsonio
-
-
-class ConvertError(ValueError):
-  """A user-fixable problem with a checkpoint, a directory or a config."""
-
-
-def read_json(path: str) -> dict:
-  """A JSON object from a file (fot_jax.jsonio.read_json); every problem is one ConvertError
-  naming the file."""
-  if not os.path.isfile(path):
-    raise ConvertError(f"{path}: file not found")
-  try:
-    out = jsonio.read_json(path, hint="")
-  except ValueError as e:  # 'JSON file PATH is not valid JSON (...)'
-    raise ConvertError(str(e)) from None
-  except OSError as e:
-    raise ConvertError(f"{path}: unreadable ({e.strerror or e})") from None
-  if not isinstance(out, dict):
-    raise ConvertError(f"{path}: expected a JSON object, got {type(out).__name__}")
-  return out
-
-
-def _is_missing_or_empty(path: str) -> bool:
-  return not os.path.exists(path) or (os.path.isdir(path) and not os.listdir(path))
-
-
-def ensure_empty_dir(path: str) -> None:
-  """Creates `path`; refuses a file or a non-empty directory (nothing is overwritten)."""
-  if not _is_missing_or_empty(path):
-    raise ConvertError(f"{path}: exists and is not an empty directory; choose a new output "
-                       f"directory or remove it first")
-  os.makedirs(path, exist_ok=True)
+from fot_jax.checkpoint import ConvertError, read_json
 
 
 class WeightReader:

@@ -18,7 +18,7 @@ from typing import Dict, Iterator, Optional, Tuple
 import jax
 import numpy as np
 
-from fot_jax.convert.hf_files import ConvertError
+from fot_jax.checkpoint import ConvertError
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.init import param_shapes
 from fot_jax.model.rope import VARIANTS, scaling_tuple

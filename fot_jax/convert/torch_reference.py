@@ -20,7 +20,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from fot_jax.convert.hf_files import ConvertError, WeightReader, read_json
+from fot_jax.checkpoint import ConvertError, read_json
+from fot_jax.convert.hf_files import WeightReader
 
 
 def _rms(x, w, eps):

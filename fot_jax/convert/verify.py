@@ -56,7 +56,7 @@ def verify_export(checkpoint: str, export_dir: str, text_path: Optional[str] = N
   import jax
   import fot_jax
   from fot_jax.convert import mapping
-  from fot_jax.convert.hf_files import ConvertError, read_json
+  from fot_jax.checkpoint import ConvertError, read_json
   from fot_jax.convert.torch_reference import TorchMemoryLlama
   from fot_jax.eval.perplexity import _nll
   if tokens < 2:

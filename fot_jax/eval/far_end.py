@@ -138,7 +138,7 @@ def plot(path: str, demo: dict, far: dict) -> None:
 
 
 def main(argv=None):
-  from fot_jax.convert import checkpoint
+  from fot_jax import checkpoint
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--workdir", default="runs/demo", help="the demo's workdir (`make demo`)")
   p.add_argument("--arm", default="fot", help="the trained arm under workdir to evaluate")

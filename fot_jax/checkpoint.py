@@ -7,6 +7,9 @@ checkpoint of the parameter tree, float32), plus the source's tokenizer when it 
 one: `tokenizer.model` (SentencePiece) or `tokenizer.json` with its `tokenizer_config.json`
 (Hugging Face tokenizers). A training workdir is read too: its latest orbax step under
 `checkpoints/` and the `fot_jax_model.json` the trainer writes beside it.
+
+This is fot_jax's own format; the foreign ones (Hugging Face, GGUF) are fot_jax.convert's, which
+reads and writes through this module. ConvertError (fot_jax.convert.ConvertError) is defined here.
 """
 from __future__ import annotations
 
@@ -19,9 +22,43 @@ from typing import Optional
 import jax
 import numpy as np
 
-from fot_jax.convert.hf_files import ConvertError, ensure_empty_dir, read_json
+from fot_jax import jsonio
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
+from fot_jax.model.init import param_shapes
+
+
+class ConvertError(ValueError):
+  """A user-fixable problem with a checkpoint, a directory or a config."""
+
+
+def read_json(path: str) -> dict:
+  """A JSON object from a file (fot_jax.jsonio.read_json); every problem is one ConvertError
+  naming the file."""
+  if not os.path.isfile(path):
+    raise ConvertError(f"{path}: file not found")
+  try:
+    out = jsonio.read_json(path, hint="")
+  except ValueError as e:  # 'JSON file PATH is not valid JSON (...)'
+    raise ConvertError(str(e)) from None
+  except OSError as e:
+    raise ConvertError(f"{path}: unreadable ({e.strerror or e})") from None
+  if not isinstance(out, dict):
+    raise ConvertError(f"{path}: expected a JSON object, got {type(out).__name__}")
+  return out
+
+
+def _is_missing_or_empty(path: str) -> bool:
+  return not os.path.exists(path) or (os.path.isdir(path) and not os.listdir(path))
+
+
+def ensure_empty_dir(path: str) -> None:
+  """Creates `path`; refuses a file or a non-empty directory (nothing is overwritten)."""
+  if not _is_missing_or_empty(path):
+    raise ConvertError(f"{path}: exists and is not an empty directory; choose a new output "
+                       f"directory or remove it first")
+  os.makedirs(path, exist_ok=True)
+
 
 MODEL_JSON = "fot_jax_model.json"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # SentencePiece, Hugging Face; searched in this order
@@ -212,8 +249,7 @@ def load(path: str) -> Checkpoint:
 
 def check_params(params, cfg: ModelConfig, source: str) -> None:
   """Raises ConvertError naming the first parameter whose presence or shape differs from `cfg`."""
-  from fot_jax.convert.mapping import expected_shapes
-  want = expected_shapes(cfg)
+  want = param_shapes(cfg)
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   have = {tuple(getattr(k, "key", k) for k in p): tuple(np.shape(x)) for p, x in flat}
   for path in sorted(set(want) | set(have)):
