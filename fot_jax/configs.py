@@ -10,7 +10,7 @@ import os
 
 from data_pipelines.copy_task import CopyTask
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax import crossbatch, recurrent
+from fot_jax import crossbatch, jsonio, recurrent
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig, get_size
 
@@ -266,7 +266,6 @@ def check_init_from(path: str) -> None:
   """`train.init_from` looks like an fot_jax checkpoint (a directory with a readable
   fot_jax_model.json and parameters), so a wrong path fails before any data is read or step
   compiled; the parameters themselves are checked when they are loaded."""
-  from fot_jax import jsonio
   if not os.path.exists(path):
     raise ValueError(f"train.init_from: no checkpoint at {path!r} ({INIT_FROM_HINT})")
   if not os.path.isdir(path):

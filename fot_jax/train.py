@@ -23,7 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from fot_jax import crossbatch, jsonio, parallel
+from fot_jax import checkpoint, crossbatch, jsonio, parallel
 from fot_jax import recurrent as recurrent_lib
 from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel as cp
@@ -357,7 +357,6 @@ def _checkpoint_manager(workdir: str, keep: int = 2):
 def params_from_checkpoint(path: str, model_cfg: ModelConfig):
   """`train.init_from`: the parameters of an fot_jax checkpoint (import_hf output or a training
   workdir), checked against model_cfg; the caller starts a fresh optimizer state."""
-  from fot_jax import checkpoint  # a training run that never imports stays light
   try:
     ck = checkpoint.load(path)
     checkpoint.check_params(ck.params, model_cfg, path)
@@ -747,8 +746,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
       if "accuracy_mask" in batch:
         batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
       if step == start and jax.process_index() == 0:  # lets export_hf / from_pretrained read this workdir
-        from fot_jax.checkpoint import write_model_json
-        write_model_json(workdir, model_cfg, **{"window": seq, **(model_meta or {})})
+        checkpoint.write_model_json(workdir, model_cfg, **{"window": seq, **(model_meta or {})})
       if rspec is not None:  # the Memorizing Transformer / Transformer-XL: a carry instead of a plan
         if carry is None or carry_phase != phase:  # a new phase starts with empty memory
           carry = _new_carry(model_cfg, rspec, global_rows // pack, seq, mesh, rules)

@@ -14,9 +14,12 @@ import numpy as np
 from fot_jax import checkpoint
 from fot_jax.checkpoint import Checkpoint, ConvertError, ensure_empty_dir, read_json
 from fot_jax.convert import mapping
+from fot_jax.convert.gguf_files import TensorReader, check_gguf, read_gguf
 from fot_jax.convert.hf_files import WeightReader, parse_size, write_safetensors
+from fot_jax.inference import MemoryInference
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
+from fot_jax.model.llama import LlamaModel
 
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -56,7 +59,6 @@ def load_gguf(path: str, **overrides) -> Checkpoint:
   """Reads a GGUF file (a LLaMA-architecture model, dequantized by transformers) into memory
   as float32 fot_jax params; its tokenizer becomes tokenizer.json (a temporary copy until
   saved). overrides: as load_hf."""
-  from fot_jax.convert.gguf_files import TensorReader, read_gguf
   hf, tensors, tok_dir = read_gguf(path)
   atexit.register(shutil.rmtree, tok_dir, True)
   cfg, window = mapping.model_config_from_hf(hf, path, **overrides)
@@ -85,7 +87,6 @@ def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
 
 def import_gguf(gguf: str, out: str, **overrides) -> Checkpoint:
   """GGUF file -> fot_jax checkpoint at `out` (a new or empty directory), with tokenizer.json."""
-  from fot_jax.convert.gguf_files import check_gguf
   check_gguf(gguf)  # a refused file fails before anything is created
   ensure_empty_dir(out)
   ck = load_gguf(gguf, **overrides)
@@ -221,14 +222,12 @@ class Pretrained:
 
   def logits(self, tokens) -> np.ndarray:
     """tokens int [B, T] -> float32 [B, T, V]: one plain causal pass, positions 0..T-1."""
-    from fot_jax.model.llama import LlamaModel
     if self._forward is None:
       model = LlamaModel(self.cfg)
       self._forward = jax.jit(lambda p, t: model.apply({"params": p}, t)[0])
     return np.asarray(self._forward(self.params, jnp.asarray(np.asarray(tokens, np.int32))))
 
   def _inference(self, window, mode, topk, chunk, mem_dtype):
-    from fot_jax.inference import MemoryInference
     window = window or self.window
     if not window:
       raise ValueError("window: this checkpoint records no window; pass window=")

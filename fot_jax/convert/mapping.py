@@ -15,7 +15,6 @@ import numbers
 import warnings
 from typing import Dict, Iterator, Optional, Tuple
 
-import jax
 import numpy as np
 
 from fot_jax.checkpoint import ConvertError
@@ -238,11 +237,6 @@ def tensor_map(cfg: ModelConfig) -> Iterator[Tuple[str, Tuple[str, ...], bool]]:
     yield "lm_head.weight", ("lm_head", "kernel"), True
 
 
-def expected_shapes(cfg: ModelConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
-  """{param path: shape} of the fot_jax model, without allocating it."""
-  return param_shapes(cfg)
-
-
 def _set(tree: dict, path, value):
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
@@ -251,7 +245,7 @@ def _set(tree: dict, path, value):
 
 def params_from_hf(reader, cfg: ModelConfig, source: str) -> dict:
   """Reads every tensor of `cfg` from `reader` (hf_files.WeightReader) into a param tree."""
-  shapes = expected_shapes(cfg)
+  shapes = param_shapes(cfg)
   known = set()
   params = {}
   for name, path, transpose in tensor_map(cfg):

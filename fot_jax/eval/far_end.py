@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax import jsonio, runs
+from fot_jax import checkpoint, jsonio, runs
 from fot_jax.eval import dictionary, host_index
 from fot_jax.inference import forward_window
 from fot_jax.model.config import ModelConfig
@@ -138,7 +138,6 @@ def plot(path: str, demo: dict, far: dict) -> None:
 
 
 def main(argv=None):
-  from fot_jax import checkpoint
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--workdir", default="runs/demo", help="the demo's workdir (`make demo`)")
   p.add_argument("--arm", default="fot", help="the trained arm under workdir to evaluate")

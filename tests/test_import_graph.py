@@ -1,0 +1,175 @@
+"""The shape of fot_jax's imports (issue 26): no circle among module-level project imports, and
+the imports made inside functions only go down.
+
+Each module of the fot_jax package is parsed with `ast` (nothing is imported). A project import is
+one of a fot_jax.* or data_pipelines.* module; `from fot_jax.x import y` is the module fot_jax.x.y
+when that is a module, else fot_jax.x; a package's __init__ is the package. Importing a.b.c also
+runs the __init__ of each package above it that the importer is not itself inside, so those are
+edges too (that is how `fot_jax.checkpoint -> fot_jax.convert.hf_files` would close a circle
+through fot_jax/convert/__init__.py).
+"""
+from __future__ import annotations
+
+import ast
+import os
+from typing import Dict, List, Optional, Set, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("fot_jax", "data_pipelines")
+
+# Project imports made inside functions (lazy imports), fot_jax package only. A ratchet: it may only
+# go down. Issue 26 targets <= 10.
+MAX_FUNCTION_LEVEL_IMPORTS = 73
+
+
+def _modules(root: str = ROOT) -> Dict[str, str]:
+  """{dotted module name: file} of every module of the project's packages."""
+  out = {}
+  for package in PACKAGES:
+    for directory, _, files in os.walk(os.path.join(root, package)):
+      for f in files:
+        if not f.endswith(".py"):
+          continue
+        parts = os.path.relpath(os.path.join(directory, f), root)[:-3].split(os.sep)
+        if parts[-1] == "__init__":
+          parts = parts[:-1]
+        out[".".join(parts)] = os.path.join(directory, f)
+  return out
+
+
+def _is_project(name: str) -> bool:
+  return name.split(".")[0] in PACKAGES
+
+
+def _resolve(module: str, names: List[str], known: Set[str]) -> List[str]:
+  """`from module import names` -> the project modules it imports."""
+  out = []
+  for n in names:
+    sub = f"{module}.{n}"
+    out.append(sub if sub in known else module)
+  return out
+
+
+def _with_parents(importer: str, target: str, known: Set[str]) -> List[str]:
+  """target plus the packages above it that Python initialises on the way (not the importer's own)."""
+  parts = target.split(".")
+  out = [target] if target in known else []
+  for i in range(1, len(parts)):
+    parent = ".".join(parts[:i])
+    if parent in known and parent != importer and not importer.startswith(parent + "."):
+      out.append(parent)
+  return out
+
+
+def _imports(source: str, name: str, is_package: bool, known: Set[str]) -> Tuple[Set[str], int]:
+  """(project modules imported at module level, number of project imports inside functions)."""
+  top: Set[str] = set()
+  lazy = 0
+
+  def targets(node) -> List[str]:
+    if isinstance(node, ast.Import):
+      return [a.name for a in node.names if _is_project(a.name)]
+    if node.level:  # relative: resolve against the importer's package
+      base = name.split(".") if is_package else name.split(".")[:-1]
+      base = base[:len(base) - node.level + 1]
+      module = ".".join(base + ([node.module] if node.module else []))
+    else:
+      module = node.module or ""
+    if not _is_project(module):
+      return []
+    return _resolve(module, [a.name for a in node.names], known)
+
+  def visit(node, in_function: bool):
+    nonlocal lazy
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, (ast.Import, ast.ImportFrom)):
+        found = targets(child)
+        if in_function:
+          lazy += bool(found)
+        else:
+          for t in found:
+            top.update(_with_parents(name, t, known))
+      visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+  visit(ast.parse(source), False)
+  top.discard(name)
+  return top, lazy
+
+
+def import_graph(root: str = ROOT) -> Tuple[Dict[str, Set[str]], Dict[str, int]]:
+  """({module: project modules it imports at module level}, {module: imports inside functions})."""
+  modules = _modules(root)
+  known = set(modules)
+  graph, lazy = {}, {}
+  for name, path in modules.items():
+    with open(path, encoding="utf-8") as f:
+      graph[name], lazy[name] = _imports(f.read(), name, path.endswith("__init__.py"), known)
+  return graph, lazy
+
+
+def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
+  """One cycle as [a, b, ..., a], or None."""
+  state: Dict[str, int] = {}  # 1: on the stack, 2: done
+  stack: List[str] = []
+
+  def dfs(node) -> Optional[List[str]]:
+    state[node] = 1
+    stack.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = dfs(nxt)
+        if found:
+          return found
+    stack.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = dfs(node)
+      if found:
+        return found
+  return None
+
+
+def test_the_cycle_finder_finds_a_known_cycle(tmp_path):
+  pkg = tmp_path / "fot_jax"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "a.py").write_text("from fot_jax import b\n")
+  (pkg / "b.py").write_text("import os\nfrom fot_jax.a import thing\n\ndef f():\n  from fot_jax import a\n")
+  (pkg / "c.py").write_text("from fot_jax import a\n")
+  graph, lazy = import_graph(str(tmp_path))
+  assert graph["fot_jax.a"] == {"fot_jax.b"} and graph["fot_jax.b"] == {"fot_jax.a"}
+  assert find_cycle(graph) == ["fot_jax.a", "fot_jax.b", "fot_jax.a"]
+  assert lazy["fot_jax.b"] == 1 and sum(lazy.values()) == 1
+  assert find_cycle({"x": {"y"}, "y": set()}) is None
+  # a package's __init__ runs before its submodule: importing sub.m from outside is an edge to sub
+  (pkg / "b.py").write_text("")
+  sub = pkg / "sub"
+  sub.mkdir()
+  (sub / "__init__.py").write_text("from fot_jax.sub import m\n")
+  (sub / "m.py").write_text("")
+  (pkg / "a.py").write_text("from fot_jax.sub.m import x\n")
+  (sub / "m.py").write_text("from fot_jax import c\n")
+  graph, _ = import_graph(str(tmp_path))
+  assert graph["fot_jax.a"] == {"fot_jax.sub.m", "fot_jax.sub"} and graph["fot_jax.sub"] == {"fot_jax.sub.m"}
+  assert find_cycle(graph) == ["fot_jax.a", "fot_jax.sub", "fot_jax.sub.m", "fot_jax.c", "fot_jax.a"]
+
+
+def test_no_circle_among_module_level_imports():
+  graph, _ = import_graph()
+  assert "fot_jax.train" in graph and "fot_jax.model.init" in graph["fot_jax.train"]
+  cycle = find_cycle(graph)
+  assert cycle is None, f"module-level import circle: {' -> '.join(cycle)}"
+
+
+def test_imports_inside_functions_only_go_down():
+  _, lazy = import_graph()
+  n = sum(v for k, v in lazy.items() if k.split(".")[0] == "fot_jax")
+  where = ", ".join(f"{k} {v}" for k, v in sorted(lazy.items(), key=lambda kv: -kv[1]) if v and k.startswith("fot_jax"))
+  assert n <= MAX_FUNCTION_LEVEL_IMPORTS, (
+      f"{n} project imports inside functions in fot_jax, more than the {MAX_FUNCTION_LEVEL_IMPORTS} allowed: "
+      f"the number may only go down (issue 26); import at module level where that makes no circle ({where})")
