@@ -40,6 +40,13 @@ def test_bad_arms_are_named():
   c.baselines.memory_tokens = 100
   with pytest.raises(ValueError, match="multiple of the window"):
     configs.validate_baselines(c)
+  c = baselines_stdlib.get_test_config()
+  c.baselines.seeds = (0, 1)  # the file's extra_seed_arms name arms this run leaves out: allowed
+  configs.validate_baselines(c)
+  for extra in (("memorizing",), ("fot", "memorising")):  # FoT missing; a misspelt arm
+    c.baselines.extra_seed_arms = extra
+    with pytest.raises(ValueError, match="baselines.extra_seed_arms"):
+      configs.validate_baselines(c)
 
 
 def test_run_trains_every_arm_and_writes_the_table(tmp_path):
