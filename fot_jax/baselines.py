@@ -28,10 +28,9 @@ from typing import Dict, List
 import jax
 import numpy as np
 
-from data_pipelines import vocab as vocab_lib
 from fot_jax import configs, jsonio, provenance, recurrent, runs
 from fot_jax.curriculum import Schedule
-from fot_jax.eval import perplexity, suite as suite_lib
+from fot_jax.eval import perplexity
 from fot_jax.inference import MemoryInference
 
 ARMS = configs.BASELINE_ARMS
@@ -77,6 +76,8 @@ def _inference(arm: str, cfg, params, config):
 
 def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dict:
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
+  from fot_jax.eval import suite as suite_lib
+  from data_pipelines import vocab as vocab_lib
   sc = suite_lib.default_config()
   sc.task, sc.batch, sc.window, sc.mode, sc.topk = config.data.eval_task, int(config.eval.batch), \
       int(config.data.window), config.eval.mode, int(config.eval.topk)
@@ -100,6 +101,7 @@ def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dic
 
 def run_baselines(config, workdir: str, train: bool = True) -> Dict:
   """Trains every arm per seed (resumable per arm), evaluates, writes results.json + baselines.png."""
+  from data_pipelines import vocab as vocab_lib
   t_start = time.time()
   configs.validate(config)
   cfg = configs.model_config(config)

@@ -22,9 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from fot_jax import cli  # noqa: E402
-from fot_jax.eval import heads, report, suite as suite_lib  # noqa: E402
-from fot_jax.model.config import ModelConfig  # noqa: E402
+from fot_jax.eval import suite as suite_lib  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "fot_jax checkpoint or Hugging Face directory.")
 _SUITE = flags.DEFINE_string("suite", ",".join(suite_lib.SUITES), "Comma-separated suites: "
@@ -48,6 +46,7 @@ def _layers(text: str, checkpoint: str = None, config=None):
   if text in ("", "none"):
     return ()
   if text.startswith("auto"):
+    from fot_jax.eval import heads
     heads.parse_auto(text)  # a bad N fails before anything loads
     if not checkpoint:
       raise ValueError(f"--mem_layers={text} runs the probe on the model: give --checkpoint")
@@ -67,6 +66,7 @@ def _model_overrides(text):
   """--model_overrides JSON -> a dict of ModelConfig fields (checked against the dataclass)."""
   import dataclasses
   import json
+  from fot_jax.model.config import ModelConfig
   if not text:
     return {}
   try:
@@ -85,6 +85,8 @@ def _model_overrides(text):
 def main(argv):
   from absl import logging
   logging.set_verbosity(logging.WARNING)
+  from fot_jax import cli
+  from fot_jax.eval import report
   args = argv[1:]
   with cli.expected_errors("fot_jax.evaluate"):
     if args and args[0] == "compare":

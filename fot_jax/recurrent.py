@@ -39,7 +39,6 @@ import numpy as np
 
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.memory import MemoryBlock
-from fot_jax.model.llama import LlamaModel  # the model imports nothing from here
 
 KINDS = ("memorizing", "transformer_xl")
 SPEC_FIELDS = ("memory", "windows", "memory_tokens", "topk")
@@ -193,6 +192,7 @@ class XLInference:
   at the wrong distance, so process() refuses to continue after one."""
 
   def __init__(self, cfg: ModelConfig, params, window: int):
+    from fot_jax.model.llama import LlamaModel  # the model imports nothing from here
     self.cfg, self.params, self.window = cfg, params, int(window)
     model = LlamaModel(cfg)
 

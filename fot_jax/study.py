@@ -42,16 +42,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from data_pipelines import pipeline, vocab as vocab_lib
-from fot_jax import checkpoint, cli, configs, crossbatch, runs
-from fot_jax.curriculum import Schedule
-from fot_jax.eval import perplexity, report, suite as suite_lib
-from fot_jax.eval.effective_length import effective_length
-from fot_jax.inference import Memory, MemoryInference, forward_window
 from fot_jax.jsonio import read_json, write_json
-from fot_jax.model.init import init_params
-from fot_jax.model.memory import BlockSpec
-from fot_jax.train import train
 
 INFERENCE_PATHS = ("plain", "memory")
 SUITES = ("ppl", "passkey", "niah", "rd")
@@ -79,6 +70,7 @@ class PlainInference:
     self.window = 0
 
   def new_memory(self, batch: int):
+    from fot_jax.inference import Memory
     return Memory(self.cfg, batch)
 
   def process(self, tokens, memory, token_mask=None, want_logits: bool = True, logits_from: int = 0):
@@ -86,6 +78,7 @@ class PlainInference:
     wanted). `memory` and `logits_from` are accepted for MemoryInference's interface; one window
     holds every column, so all logits are kept."""
     import jax.numpy as jnp
+    from fot_jax.inference import forward_window
     del memory, logits_from
     tokens = np.asarray(tokens, np.int32)
     b, t = tokens.shape
@@ -128,6 +121,7 @@ def memory_settings(method: Dict):
   `memory` is {"mode": M, ...fields of M}: "dense"; "topk" / "approx_topk" with "topk" (required);
   "blocks" with "block_size", "block_reps", "block_topk" (each defaulting to memory.BlockSpec's:
   128, 16, 8). Only for the memory path. Errors name the method and the field."""
+  from fot_jax.model.memory import BlockSpec
   name = method.get("name", "?")
   mem = method.get("memory")
   if mem is None:
@@ -175,6 +169,8 @@ def _method_context(base, method: Dict, pad: int, params=None):
   """A suite Context for one method: the loaded base (params, vocab, data) with the method's config
   and inference path (and `params` instead of the base's: a fine-tuned method); the suite runners
   of fot_jax/eval/suite.py then run on it unchanged."""
+  from fot_jax.eval import suite as suite_lib
+  from fot_jax.inference import MemoryInference
   path = method.get("inference", "plain")
   if path not in INFERENCE_PATHS:
     raise ValueError(f"study method {method.get('name')!r}: inference must be one of {INFERENCE_PATHS}, "
@@ -293,6 +289,9 @@ def _crossbatch_curriculum(crossbatch_cfg: Dict, k: int) -> Dict:
 def _finetune_plan(base, method: Dict, config):
   """(settings, method context, window, windows per slot, Schedule) of a fine-tuned method,
   checked against the base (errors name the method)."""
+  from fot_jax import crossbatch
+  from fot_jax import checkpoint
+  from fot_jax.curriculum import Schedule
   s = finetune_settings(config, method)
   name = method["name"]
   ctx = _method_context(base, method, int(config.pad))
@@ -326,6 +325,7 @@ def _finetune_plan(base, method: Dict, config):
 def finetune_batches(base, name: str, s: Dict, window: int, k: int):
   """The fine-tune's slot batcher: finetune.slots streams, k windows of `window` tokens per slot
   (k * window = finetune.length): the same tokens for every method, cut differently."""
+  from data_pipelines import pipeline, vocab as vocab_lib
   vocab = vocab_lib.get_vocabulary(s["vocab"]) if s["vocab"] else base.vocab
   try:
     vocab_lib.check_fits(vocab.vocab_size, base.cfg.vocab_size, f"finetune.vocab of {name!r}")
@@ -343,6 +343,8 @@ def finetune_method(base, method: Dict, config, workdir: str):
   checkpoints; a directory of other settings is trained again) -> (params, summary)."""
   import shutil
   import jax
+  from fot_jax.model.init import init_params
+  from fot_jax.train import train
   s, ctx, window, k, schedule = _finetune_plan(base, method, config)
   name = method["name"]
   out_dir = os.path.join(workdir, "finetune", name)
@@ -388,6 +390,7 @@ def perplexity_vs_length(ctx, lengths: List[int], score_tokens: int, n_docs: int
   """The same scored span (each document's last score_tokens targets) with L - score_tokens tokens
   of context before it, for every L in lengths: the L-token input goes through the method's
   `process` from its first token (so at L = the base window, memory methods equal plain ones)."""
+  from fot_jax.eval import perplexity
   top = max(lengths)
   if min(lengths) <= score_tokens:
     raise ValueError(f"study: ppl.score_tokens {score_tokens} must be below the shortest length {min(lengths)}")
@@ -413,6 +416,8 @@ def evaluate_method(base, method: Dict, config, params=None, done=None, save=Non
   base's) -> its result dict. `done`: an earlier result of the same method and settings whose
   suites are kept (only the missing ones run); `save(res)` is called after every suite, so an
   interrupted method resumes at its next suite."""
+  from fot_jax.eval import suite as suite_lib
+  from fot_jax.eval.effective_length import effective_length
   ctx = _method_context(base, method, int(config.pad), params)
   res = {"method": _spec(method), "settings": settings(config, method), "seconds": {}, "suites_done": []}
   for suite in (done or {}).get("suites_done", []):
@@ -494,6 +499,7 @@ def ensure_base(config, workdir: str) -> str:
   if os.path.exists(os.path.join(base_dir, "results.json")):
     print(f"[study] base: {ck} (trained before)", flush=True)
     return ck
+  from fot_jax import configs, runs
   train_cfg = config.base.train
   configs.validate(train_cfg)
   print(f"[study] base: training {train_cfg.train.steps} steps into {base_dir}", flush=True)
@@ -560,6 +566,7 @@ def run(config, workdir: str) -> Dict:
   check_config(config)
   for m in config.methods:  # the fine-tune fields, before a base is trained
     finetune_settings(config, m)
+  from fot_jax.eval import suite as suite_lib
   names = [m["name"] for m in config.methods]
   t_start = time.time()
   os.makedirs(os.path.join(workdir, "methods"), exist_ok=True)
@@ -725,6 +732,7 @@ def plot(study: Dict, workdir: str) -> List[str]:
   except ImportError:
     print("matplotlib missing: no figure written")
     return []
+  from fot_jax.eval import report
   methods = study["methods"]
   files = []
   style = _line_styles(methods)
@@ -790,6 +798,7 @@ def parse_flags(argv):
   a failure: a flag error, or the study file raising (e.g. `--config=FILE:ARG` naming an argument
   its get_config() does not know). FOT_JAX_TRACEBACK=1 keeps the traceback."""
   from absl import flags
+  from fot_jax import cli
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # noqa: BLE001 - only flag parsing and the study file's own code run here
@@ -808,6 +817,7 @@ def parse_flags(argv):
 def main(argv):
   from absl import flags, logging
   from ml_collections import config_flags
+  from fot_jax import cli
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
   with cli.expected_errors(PROG):

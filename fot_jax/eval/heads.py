@@ -33,8 +33,6 @@ from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.rope import apply_rope
-from data_pipelines import vocab as vocab_lib
-import fot_jax
 
 # The probe's own filler: plain narrative sentences (no digits, none of the key words).
 _SUBJECTS = ("the old miller", "a tired courier", "the harbour clerk", "my neighbour", "the night guard",
@@ -255,6 +253,7 @@ def plot_heads(runs: Dict[str, dict], path: str) -> str:
 
 
 def _text_vocab(spec: str):
+  from data_pipelines import vocab as vocab_lib
   if spec == "dictionary_lookup":
     raise ValueError("heads: the probe needs a text vocabulary; 'dictionary_lookup' models have none")
   return vocab_lib.get_vocabulary(spec)
@@ -289,6 +288,8 @@ def resolve_auto_layers(spec: str, checkpoint_path: str, vocab: str = "", n_prom
                         length: int = 384, seed: int = 0) -> tuple:
   """'auto:N' -> the N memory layers the probe picks for a checkpoint, run with no memory layers
   (its memory-only parameters dropped); vocab: as --eval.vocab ('' = the checkpoint's own)."""
+  import fot_jax
+  from data_pipelines import vocab as vocab_lib
   n = parse_auto(spec)
   model = fot_jax.from_pretrained(checkpoint_path)
   if n > model.cfg.num_layers:

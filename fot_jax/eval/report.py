@@ -9,7 +9,6 @@ from typing import Dict, List
 import numpy as np
 
 from fot_jax import jsonio
-from fot_jax.eval.heads import plot_heads
 
 Runs = Dict[str, dict]  # run name -> one suite's result JSON
 
@@ -213,6 +212,7 @@ def plot_suite(suite: str, runs: Runs, out_dir: str, prefix: str = "") -> List[s
     plt.close(fig)
     files.append(prefix + "ruler.png")
   elif suite == "heads":  # a heat map (layers x heads) per run
+    from fot_jax.eval.heads import plot_heads
     plot_heads(runs, os.path.join(out_dir, prefix + "heads.png"))
     files.append(prefix + "heads.png")
   return files

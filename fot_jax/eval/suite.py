@@ -17,14 +17,7 @@ from typing import Dict, List
 import ml_collections
 import numpy as np
 
-import fot_jax
-from data_pipelines import pipeline, tasks, vocab as vocab_lib
-from data_pipelines.dictionary_lookup import DictionaryTask
 from fot_jax import jsonio
-from fot_jax.eval import dictionary, heads, niah, passkey, perplexity, report, retrieval, ruler
-from fot_jax.eval.effective_length import effective_length
-from fot_jax.eval.rd import positive_attention_mass
-from fot_jax.inference import MemoryInference
 
 SUITES = ("ppl", "rd", "passkey", "niah", "dict", "ruler", "heads")
 
@@ -72,6 +65,8 @@ class Context:
   """A loaded model and what every suite needs from it."""
 
   def __init__(self, checkpoint: str, config: ml_collections.ConfigDict, **overrides):
+    import fot_jax
+    from data_pipelines import vocab as vocab_lib
     self.path, self.config = checkpoint, config
     self.model = fot_jax.from_pretrained(checkpoint, **overrides)  # e.g. mem_layers
     self.cfg, self.params = self.model.cfg, self.model.params
@@ -87,11 +82,13 @@ class Context:
     vocab_lib.check_fits(self.vocab.vocab_size, self.cfg.vocab_size, f"vocabulary {spec}", checkpoint)
 
   def inference(self, mode=None):
+    from fot_jax.inference import MemoryInference
     c = self.config
     return MemoryInference(self.cfg, self.params, self.window, mode or c.mode, c.topk, c.chunk)
 
   def docs(self, need: int, n: int, wrap: bool = True, split: str = "") -> List[np.ndarray]:
     """n held-out documents of at least `need` tokens (`bos doc eos` when wrap), in stored order."""
+    from data_pipelines import pipeline, vocab as vocab_lib
     c = self.config
     split = split or c.split
     if c.task == "dictionary_lookup":  # the dict suite's task, documents straight from its generator
@@ -107,6 +104,7 @@ class Context:
                      f"{need} tokens, {n} are needed; lower the sizes or the document count")
 
   def texts(self, n: int) -> List[str]:
+    from data_pipelines import tasks
     import tensorflow as tf
     c = self.config
     provider = tasks.get_provider(c.task)
@@ -118,12 +116,14 @@ class Context:
 
 
 def dict_task(c):
+  from data_pipelines.dictionary_lookup import DictionaryTask
   task = DictionaryTask(**c.dict.task.to_dict())
   task.validate()
   return task
 
 
 def run_ppl(ctx: Context) -> Dict:
+  from fot_jax.eval import perplexity
   p = ctx.config.ppl
   mems = [int(m) for m in p.memory_tokens]
   distract = int(p.distractor_tokens) if p.distractor_tokens >= 0 else max(mems)
@@ -137,6 +137,7 @@ def run_ppl(ctx: Context) -> Dict:
 
 
 def run_rd(ctx: Context) -> Dict:
+  from fot_jax.eval.rd import positive_attention_mass
   r = ctx.config.rd
   need = (int(r.context_windows) + 1) * ctx.window
   docs = ctx.docs(need, int(r.n_docs), wrap=ctx.config.task != "dictionary_lookup", split=r.split)
@@ -147,6 +148,7 @@ def run_rd(ctx: Context) -> Dict:
 
 
 def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
+  from fot_jax.eval import retrieval
   g = ctx.config[suite] if suite in ctx.config else ctx.config.niah
   return retrieval.grid(retrieval.InferenceModel(ctx.inference()), ctx.vocab, make_prompt, list(g.lengths),
                         retrieval.depth_list(g.depths), int(g.trials), int(ctx.config.seed), ctx.config.batch,
@@ -154,10 +156,12 @@ def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
 
 
 def run_passkey(ctx: Context) -> Dict:
+  from fot_jax.eval import passkey
   return _grid(ctx, "passkey", passkey.make_prompt_fn(ctx.vocab))
 
 
 def run_niah(ctx: Context) -> Dict:
+  from fot_jax.eval import niah
   hay = niah.Haystack(ctx.vocab, ctx.texts(int(ctx.config.niah.corpus_docs)))
   out = {"haystack_tokens": int(len(hay.ids)), "task": ctx.config.task}
   out["single"] = _grid(ctx, "niah", niah.make_prompt_fn(ctx.vocab, hay, 1))
@@ -167,6 +171,8 @@ def run_niah(ctx: Context) -> Dict:
 
 
 def run_dict(ctx: Context) -> Dict:
+  from fot_jax.eval import dictionary
+  from fot_jax.eval.effective_length import effective_length
   d = ctx.config.dict
   task = dict_task(ctx.config)
   mems = [int(m) for m in d.memory_tokens]
@@ -188,12 +194,14 @@ def run_dict(ctx: Context) -> Dict:
 
 
 def run_ruler(ctx: Context) -> Dict:
+  from fot_jax.eval import ruler
   r = ctx.config.ruler
   return ruler.evaluate(ctx.inference(), ctx.vocab, list(r.tasks), [int(x) for x in r.lengths], int(r.trials),
                         int(ctx.config.seed), float(r.threshold), ctx.config.batch, ctx.name)
 
 
 def run_heads(ctx: Context) -> Dict:
+  from fot_jax.eval import heads
   return heads.run_heads(ctx)
 
 
@@ -204,6 +212,7 @@ RUNNERS = {"ppl": run_ppl, "rd": run_rd, "passkey": run_passkey, "niah": run_nia
 def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections.ConfigDict,
         name: str = "", **overrides) -> Dict[str, Dict]:
   """overrides: ModelConfig fields over the checkpoint's (e.g. mem_layers=(8, 16, 24))."""
+  from fot_jax.eval import report
   unknown = [s for s in suites if s not in RUNNERS]
   if unknown:
     raise ValueError(f"--suite: unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
