@@ -30,7 +30,7 @@ from fot_jax import study
 from fot_jax.eval import suite as suite_lib
 
 CHECKPOINT = "checkpoints/smollm2-135m"
-BLOCKS = {"mode": "blocks", "block_size": 128, "block_reps": 16, "block_topk": 8}  # memory.BlockSpec's defaults
+BLOCKS = {"mode": "blocks"}  # memory.BlockSpec's defaults (study.memory_settings): blocks of 128, 16 reps, top 8
 L0, FACTOR = 8192, 2
 LENGTHS = (4096, 8192, 16384)
 
@@ -67,8 +67,7 @@ def get_config(only: str = ""):
   c.base = ml_collections.ConfigDict({"checkpoint": CHECKPOINT,
                                       "missing_hint": "import SmolLM2-135M first: `make smollm2`"})
   c.lengths = LENGTHS
-  c.methods = methods()
-  c.methods = study.select_methods(c.methods, only, "study_smollm2")
+  c.methods = study.select_methods(methods(), only, "study_smollm2")
   c.suites = ("ppl", "passkey")
   c.pad = 1024
   c.ppl = ml_collections.ConfigDict({"score_tokens": 256, "n_docs": 1, "tolerance": 1.1})

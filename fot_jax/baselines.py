@@ -28,7 +28,7 @@ from typing import Dict, List
 import jax
 import numpy as np
 
-from fot_jax import configs, jsonio, provenance, recurrent, runs
+from fot_jax import cli, configs, jsonio, provenance, recurrent, runs
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import perplexity
 from fot_jax.inference import MemoryInference
@@ -259,12 +259,14 @@ def main(argv=None) -> None:
   ap.add_argument("--out", required=True, help="workdir for the merged results.json, table and baselines.png")
   ap.add_argument("parts", nargs="+", help="workdirs of runs whose arms or seeds were split")
   a = ap.parse_args(argv)
-  paths = [os.path.join(w, "results.json") for w in a.parts]
-  missing = [p for p in paths if not os.path.exists(p)]
-  if missing:
-    ap.error(f"no results.json in {missing}")
-  os.makedirs(a.out, exist_ok=True)
-  write_results(merge_results([jsonio.read_json(p) for p in paths]), a.out)
+  with cli.expected_errors("fot_jax.baselines"):  # one line, exit 2, like every fot_jax entry point
+    paths = [os.path.join(w, "results.json") for w in a.parts]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+      raise FileNotFoundError(f"no results.json in {missing}")
+    merged = merge_results([jsonio.read_json(p) for p in paths])
+    os.makedirs(a.out, exist_ok=True)
+    write_results(merged, a.out)
 
 
 if __name__ == "__main__":

@@ -193,13 +193,11 @@ def _method_context(base, method: Dict, pad: int, params=None):
       """The method's inference: a method's own `memory` retrieval wins over `mode` and the suite
       config's eval.mode / eval.topk."""
       c = self.config
-      if path == "memory" and own is not None:
-        blocks = {f: own[f] for f in MEMORY_FIELDS["blocks"] if f in own}
-        return MemoryInference(self.cfg, self.params, self.window, own["mode"], own.get("topk", c.topk),
-                               c.chunk, **blocks)
-      if path == "memory":
-        return MemoryInference(self.cfg, self.params, self.window, mode or c.mode, c.topk, c.chunk)
-      return PlainInference(self.cfg, self.params, pad, c.chunk)
+      if path != "memory":
+        return PlainInference(self.cfg, self.params, pad, c.chunk)
+      retrieval = dict(own or {"mode": mode or c.mode})
+      return MemoryInference(self.cfg, self.params, self.window, retrieval.pop("mode"), retrieval.pop("topk", c.topk),
+                             c.chunk, **retrieval)  # the rest: a block mode's block_size, block_reps, block_topk
 
   return MethodContext()
 

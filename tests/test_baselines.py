@@ -96,6 +96,12 @@ def test_merge_joins_arms_and_seeds_run_apart(tmp_path):
   for i, part in enumerate((a, c)):
     (tmp_path / f"p{i}").mkdir()
     (tmp_path / f"p{i}" / "results.json").write_text(json.dumps(part))
+  (tmp_path / "p2").mkdir()  # FoT seed 0 again, with other perplexities
+  (tmp_path / "p2" / "results.json").write_text(json.dumps(again))
+  for bad in (["p0", "p2"], ["p0", "nowhere"]):  # parts that disagree, a part without results
+    with pytest.raises(SystemExit) as exit_:  # one line, exit status 2, nothing written
+      baselines.main(["--out", str(tmp_path / "bad")] + [str(tmp_path / p) for p in bad])
+    assert exit_.value.code == 2 and not (tmp_path / "bad").exists()
   baselines.main(["--out", str(tmp_path / "all"), str(tmp_path / "p0"), str(tmp_path / "p1")])
   out = json.loads((tmp_path / "all" / "results.json").read_text())
   assert out["complete"] and out["seeds"]["memorizing"] == {"1": [2.0, 3.0]}

@@ -134,26 +134,25 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
   return None
 
 
+def _write(directory, files: Dict[str, str]) -> None:
+  """A synthetic package's files {relative path: source}, folders made as needed."""
+  for rel, source in files.items():
+    (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+    (directory / rel).write_text(source)
+
+
 def test_the_cycle_finder_finds_a_known_cycle(tmp_path):
-  pkg = tmp_path / "fot_jax"
-  pkg.mkdir()
-  (pkg / "__init__.py").write_text("")
-  (pkg / "a.py").write_text("from fot_jax import b\n")
-  (pkg / "b.py").write_text("import os\nfrom fot_jax.a import thing\n\ndef f():\n  from fot_jax import a\n")
-  (pkg / "c.py").write_text("from fot_jax import a\n")
+  _write(tmp_path, {"fot_jax/__init__.py": "", "fot_jax/a.py": "from fot_jax import b\n",
+                    "fot_jax/b.py": "import os\nfrom fot_jax.a import thing\n\ndef f():\n  from fot_jax import a\n",
+                    "fot_jax/c.py": "from fot_jax import a\n"})
   graph, lazy = import_graph(str(tmp_path))
   assert graph["fot_jax.a"] == {"fot_jax.b"} and graph["fot_jax.b"] == {"fot_jax.a"}
   assert find_cycle(graph) == ["fot_jax.a", "fot_jax.b", "fot_jax.a"]
   assert lazy["fot_jax.b"] == 1 and sum(lazy.values()) == 1
   assert find_cycle({"x": {"y"}, "y": set()}) is None
   # a package's __init__ runs before its submodule: importing sub.m from outside is an edge to sub
-  (pkg / "b.py").write_text("")
-  sub = pkg / "sub"
-  sub.mkdir()
-  (sub / "__init__.py").write_text("from fot_jax.sub import m\n")
-  (sub / "m.py").write_text("")
-  (pkg / "a.py").write_text("from fot_jax.sub.m import x\n")
-  (sub / "m.py").write_text("from fot_jax import c\n")
+  _write(tmp_path, {"fot_jax/b.py": "", "fot_jax/sub/__init__.py": "from fot_jax.sub import m\n",
+                    "fot_jax/a.py": "from fot_jax.sub.m import x\n", "fot_jax/sub/m.py": "from fot_jax import c\n"})
   graph, _ = import_graph(str(tmp_path))
   assert graph["fot_jax.a"] == {"fot_jax.sub.m", "fot_jax.sub"} and graph["fot_jax.sub"] == {"fot_jax.sub.m"}
   assert find_cycle(graph) == ["fot_jax.a", "fot_jax.sub", "fot_jax.sub.m", "fot_jax.c", "fot_jax.a"]
