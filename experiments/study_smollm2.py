@@ -26,8 +26,8 @@ Some methods only: `--config=experiments/study_smollm2.py:block_memory_all,block
 import ml_collections
 
 from experiments import study_tiny
-from fot_jax import study
-from fot_jax.eval import suite as suite_lib
+from fot_jax.study.config import select_methods
+from fot_jax.eval import config as eval_config
 
 CHECKPOINT = "checkpoints/smollm2-135m"
 BLOCKS = {"mode": "blocks"}  # memory.BlockSpec's defaults (study.memory_settings): blocks of 128, 16 reps, top 8
@@ -67,11 +67,11 @@ def get_config(only: str = ""):
   c.base = ml_collections.ConfigDict({"checkpoint": CHECKPOINT,
                                       "missing_hint": "import SmolLM2-135M first: `make smollm2`"})
   c.lengths = LENGTHS
-  c.methods = study.select_methods(methods(), only, "study_smollm2")
+  c.methods = select_methods(methods(), only, "study_smollm2")
   c.suites = ("ppl", "passkey")
   c.pad = 1024
   c.ppl = ml_collections.ConfigDict({"score_tokens": 256, "n_docs": 1, "tolerance": 1.1})
-  e = suite_lib.default_config()
+  e = eval_config.default_config()
   e.task, e.batch, e.window = "stdlib", 1, L0
   for g in (e.passkey, e.niah):
     g.depths, g.trials = (0.5,), 1

@@ -28,9 +28,10 @@ from typing import Dict, List
 import jax
 import numpy as np
 
-from fot_jax import cli, configs, jsonio, provenance, recurrent, runs
+from data_pipelines import vocab as vocab_lib
+from fot_jax import cli, configs, jsonio, lm_runs, provenance, recurrent, runs
 from fot_jax.curriculum import Schedule
-from fot_jax.eval import perplexity
+from fot_jax.eval import config as eval_config, perplexity, suite as suite_lib
 from fot_jax.inference import MemoryInference
 
 ARMS = configs.BASELINE_ARMS
@@ -76,9 +77,7 @@ def _inference(arm: str, cfg, params, config):
 
 def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dict:
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
-  from fot_jax.eval import suite as suite_lib
-  from data_pipelines import vocab as vocab_lib
-  sc = suite_lib.default_config()
+  sc = eval_config.default_config()
   sc.task, sc.batch, sc.window, sc.mode, sc.topk = config.data.eval_task, int(config.eval.batch), \
       int(config.data.window), config.eval.mode, int(config.eval.topk)
   sc.rd.update(config.baselines.rd.to_dict())
@@ -101,14 +100,13 @@ def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dic
 
 def run_baselines(config, workdir: str, train: bool = True) -> Dict:
   """Trains every arm per seed (resumable per arm), evaluates, writes results.json + baselines.png."""
-  from data_pipelines import vocab as vocab_lib
   t_start = time.time()
   configs.validate(config)
   cfg = configs.model_config(config)
   vocab = vocab_lib.get_vocabulary(config.data.vocab)
   b, ev = config.baselines, config.eval
   k = int(config.data.windows_per_slot)
-  docs = runs.lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
+  docs = lm_runs.lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
   print(f"baselines: {len(docs)} held-out documents of {config.data.eval_task!r}", flush=True)
   results = {"config": config.to_dict(), "memory_tokens": [int(m) for m in ev.memory_tokens],
              "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),
@@ -125,11 +123,11 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
       arm_dir = os.path.join(workdir, name)
       schedule = (Schedule(seeded.train.curriculum) if arm == "fot" else
                   arm_schedule(arm, fot_run["phases"], fot_run["steps_run"], k, b))
-      layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (runs.lm_copy_warmup)
-      feeds = {task: runs.lm_feed(seeded, task, layout) for task in set(schedule.tasks())}
-      out = runs._train_arm(cfg, runs._lm_train_cfg(seeded), name, schedule,
+      layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (lm_runs.lm_copy_warmup)
+      feeds = {task: lm_runs.lm_feed(seeded, task, layout) for task in set(schedule.tasks())}
+      out = runs.train_arm(cfg, lm_runs.lm_train_cfg(seeded), name, schedule,
                             feeds[None] if list(feeds) == [None] else feeds, arm_dir, train,
-                            config.data.vocab, config.data.window, runs._lm_run_fields(seeded))
+                            config.data.vocab, config.data.window, lm_runs.lm_run_fields(seeded))
       if arm == "fot":
         fot_run = out
       inference = _inference(arm, cfg, out["params"], config)
@@ -181,7 +179,7 @@ def write_results(results: Dict, workdir: str, final: bool = True) -> None:
   with open(os.path.join(workdir, "baselines.md"), "w") as f:
     f.write(markdown(results))
   xs = [max(m, 1) for m in mems]
-  runs._plot(os.path.join(workdir, "baselines.png"), {a: (xs, results["perplexity"][a]) for a in arms},
+  runs.plot_curves(os.path.join(workdir, "baselines.png"), {a: (xs, results["perplexity"][a]) for a in arms},
              "tokens of the same document before the scored span", "perplexity (per token)",
              "FoT and the paper's baselines", xticks=(xs, [f"{m:,}" for m in mems]))
 

@@ -6,13 +6,22 @@ override ends in one message naming the field, not a traceback from inside JAX.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import types
+
+import flax.linen as nn
+import jax
 
 from data_pipelines.copy_task import CopyTask
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax import crossbatch, jsonio, recurrent
+from data_pipelines.retrieval_docs import RetrievalSpec
+from fot_jax import crossbatch, jsonio, parallel, recurrent
 from fot_jax.curriculum import Schedule
+from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
+from fot_jax.model.llama import LlamaModel
+from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
 LM_EXPERIMENTS = ("lm", "baselines")  # experiments/base_lm.py fields
@@ -75,7 +84,6 @@ def repeat_view(config, task):
 def retrieval_view(config, task):
   """The retrieval documents a curriculum task names (`c.data.retrieval[task]`, fields of
   data_pipelines.retrieval_docs.RetrievalSpec), None for any other task."""
-  from data_pipelines.retrieval_docs import RetrievalSpec
   views = config.data.get("retrieval") or {}
   if task is None or task not in views:
     return None
@@ -218,8 +226,7 @@ def validate_lm(config, check_data: bool = True) -> None:
       raise ValueError(f"data.repeats.{task}: needs data.windows_per_slot >= 2 (got {k}) and a fraction in "
                        f"(0, 1] (got {view['fraction']})")
   crossbatch.scored_rows(rows, k, t.loss_on)
-  from fot_jax.train import resolve_trainable  # a pattern that matches no parameter fails here
-  resolve_trainable(t.get("trainable"), cfg)
+  resolve_trainable(t.get("trainable"), cfg)  # a pattern that matches no parameter fails here
   ev = config.eval
   if ev.doc_mode != "single_doc":
     raise ValueError(f"eval.doc_mode: only 'single_doc' is implemented, got {ev.doc_mode!r}")
@@ -288,12 +295,6 @@ def check_init_from(path: str) -> None:
 
 def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch") -> None:
   """Rules, sizes, and (when no size is -1) divisibility of parameters and batch rows."""
-  import math
-  import types
-  import jax
-  import flax.linen as nn
-  from fot_jax import parallel
-  from fot_jax.model.llama import LlamaModel
   mesh_cfg = config.get("mesh")
   rules = parallel.rules_from_config(mesh_cfg)
   sizes = {a: int(mesh_cfg.get(a, 1)) for a in parallel.AXES} if mesh_cfg else {}
@@ -306,7 +307,6 @@ def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch
   dcn = {a: int(mesh_cfg.get(f"dcn_{a}", 1)) for a in parallel.AXES}
   context = sizes["context"] * dcn["context"]
   if context > 1:  # the window is split over `context` in the layout's chunks
-    from fot_jax.model import context_parallel
     window = train_shape(config)[1]
     context_parallel.check_length(window, context, cfg.context_layout,
                                   "data.window" if config.experiment in LM_EXPERIMENTS else "fot.window")

@@ -11,7 +11,8 @@ evaluates the same weights with other memory layers (0-based; 'all', or 'none' f
 with the eval.heads settings). Each suite writes W/eval/<suite>.json and its PNG plot(s);
 W/eval/report.md gathers them. `compare` puts several workdirs' results in one table per suite
 and on shared plots (OUT/compare.md, default ./eval_compare).
-Settings and their defaults: fot_jax/eval/suite.py default_config().
+Settings and their defaults: fot_jax/eval/config.py default_config(). Flags and settings are checked
+before JAX or TensorFlow is imported (a bad input ends in one line at once).
 """
 from __future__ import annotations
 
@@ -22,11 +23,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from fot_jax.eval import suite as suite_lib  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+
+from fot_jax import cli  # noqa: E402
+from fot_jax.eval import config as eval_config, report  # noqa: E402
+from fot_jax.model.config import ModelConfig  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "fot_jax checkpoint or Hugging Face directory.")
-_SUITE = flags.DEFINE_string("suite", ",".join(suite_lib.SUITES), "Comma-separated suites: "
-                             + ", ".join(suite_lib.SUITES))
+_SUITE = flags.DEFINE_string("suite", ",".join(eval_config.SUITES), "Comma-separated suites: "
+                             + ", ".join(eval_config.SUITES))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Results go to WORKDIR/eval/ (compare: WORKDIR/compare.md).")
 _NAME = flags.DEFINE_string("name", None, "Run name in tables and plots (default: the checkpoint's folder).")
 _MEM_LAYERS = flags.DEFINE_string("mem_layers", None, "Memory layers over the checkpoint's: comma-separated "
@@ -35,24 +41,18 @@ _MEM_LAYERS = flags.DEFINE_string("mem_layers", None, "Memory layers over the ch
 _OVERRIDES = flags.DEFINE_string("model_overrides", None, "ModelConfig fields over the checkpoint's, as JSON, e.g. "
                                  "'{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}, "
                                  "\"attention_impl\": \"blockwise\"}' (a RoPE method with a window as long as the prompt).")
-_EVAL = config_flags.DEFINE_config_dict("eval", suite_lib.default_config(), "Suite settings.")
+_EVAL = config_flags.DEFINE_config_dict("eval", eval_config.default_config(), "Suite settings.")
 
 
-def _layers(text: str, checkpoint: str = None, config=None):
-  """'8,16,24' / 'none' / 'all' -> a tuple of layers, or 'all'; 'auto:N' -> the N layers the
-  retrieval-head probe picks on `checkpoint` (fot_jax/eval/heads.py; config: the eval settings,
-  for eval.vocab, eval.seed and eval.heads' prompts)."""
+def _layers(text: str):
+  """'8,16,24' / 'none' / 'all' -> a tuple of layers, or 'all'; 'auto:N' stays as it is (checked
+  here, so a bad N fails before anything loads), for the retrieval-head probe to resolve."""
   text = text.strip().lower()
   if text in ("", "none"):
     return ()
   if text.startswith("auto"):
-    from fot_jax.eval import heads
-    heads.parse_auto(text)  # a bad N fails before anything loads
-    if not checkpoint:
-      raise ValueError(f"--mem_layers={text} runs the probe on the model: give --checkpoint")
-    c = config or suite_lib.default_config()
-    return heads.resolve_auto_layers(text, checkpoint, c.vocab, int(c.heads.n_prompts), int(c.heads.length),
-                                     int(c.seed))
+    eval_config.parse_auto(text)
+    return text
   if text == "all":
     return "all"  # fot_jax.from_pretrained reads it as every layer
   try:
@@ -64,9 +64,6 @@ def _layers(text: str, checkpoint: str = None, config=None):
 
 def _model_overrides(text):
   """--model_overrides JSON -> a dict of ModelConfig fields (checked against the dataclass)."""
-  import dataclasses
-  import json
-  from fot_jax.model.config import ModelConfig
   if not text:
     return {}
   try:
@@ -85,8 +82,6 @@ def _model_overrides(text):
 def main(argv):
   from absl import logging
   logging.set_verbosity(logging.WARNING)
-  from fot_jax import cli
-  from fot_jax.eval import report
   args = argv[1:]
   with cli.expected_errors("fot_jax.evaluate"):
     if args and args[0] == "compare":
@@ -99,9 +94,16 @@ def main(argv):
     if not _CHECKPOINT.value or not _WORKDIR.value:
       raise ValueError("--checkpoint=PATH and --workdir=DIR are required")
     suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
-    overrides = {} if _MEM_LAYERS.value is None else {
-        "mem_layers": _layers(_MEM_LAYERS.value, _CHECKPOINT.value, _EVAL.value)}
-    overrides.update(_model_overrides(_OVERRIDES.value))
+    layers = None if _MEM_LAYERS.value is None else _layers(_MEM_LAYERS.value)
+    overrides = _model_overrides(_OVERRIDES.value)
+    # the suites load JAX and TensorFlow (seconds): only once the flags have passed their checks
+    from fot_jax.eval import heads, suite as suite_lib
+    if isinstance(layers, str) and layers.startswith("auto"):  # the probe runs on the model first
+      c = _EVAL.value
+      layers = heads.resolve_auto_layers(layers, _CHECKPOINT.value, c.vocab, int(c.heads.n_prompts),
+                                         int(c.heads.length), int(c.seed))
+    if layers is not None:
+      overrides["mem_layers"] = layers
     suite_lib.run(_CHECKPOINT.value, suites, _WORKDIR.value, _EVAL.value, _NAME.value, **overrides)
 
 

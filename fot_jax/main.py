@@ -14,7 +14,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from fot_jax import cli  # noqa: E402
+import jax  # noqa: E402  (imported only: no backend starts before --mode=plan's fake devices are set)
+from absl import logging  # noqa: E402
+
+from fot_jax import cli, configs, parallel, plan, runs  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (one get_config()).",
                                           lock_config=True)
@@ -84,17 +87,16 @@ def _main():
   if _CONFIG.value is None or (_WORKDIR.value is None and _MODE.value != "plan"):
     raise ValueError("both --config=experiments/FILE.py and --workdir=DIR are required")
   config = _experiment_config()
-  from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  from fot_jax import configs  # no jax backend starts before the plan's fake devices are set
   try:
     if _SWEEP_RUN.value:
-      runs = {r["name"]: r for r in configs.sweep_runs(config_flags.get_config_filename(flags.FLAGS["config"]))}
-      if _SWEEP_RUN.value not in runs:
-        raise ValueError(f"--sweep_run={_SWEEP_RUN.value}: not a run of get_sweep(); runs: {sorted(runs)}")
-      configs.apply_overrides(config, runs[_SWEEP_RUN.value])
+      sweep = {r["name"]: r for r in configs.sweep_runs(config_flags.get_config_filename(flags.FLAGS["config"]))}
+      if _SWEEP_RUN.value not in sweep:
+        raise ValueError(f"--sweep_run={_SWEEP_RUN.value}: not a run of get_sweep(); runs: {sorted(sweep)}")
+      configs.apply_overrides(config, sweep[_SWEEP_RUN.value])
     if _MODE.value == "plan":  # fake CPU devices: must be set before jax initialises its backend
       os.environ["JAX_PLATFORMS"] = "cpu"
+      jax.config.update("jax_platforms", "cpu")  # jax read JAX_PLATFORMS when imported, above
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count={_plan_devices(config)}")
       plan_dump = None
@@ -108,23 +110,20 @@ def _main():
   except ValueError as e:
     raise ValueError(f"config error: {e}") from e
   if _MODE.value == "plan":
-    from fot_jax import plan
     try:
       print(plan.format_plan(plan.plan(config, plan_dump, _PLAN_TOP.value)), flush=True)
     except ValueError as e:
       raise ValueError(f"config error: {e}") from e
     return
-  from fot_jax import parallel
   parallel.initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   if config.experiment == "dictionary_lookup":
-    from fot_jax import runs
     runs.run_dictionary_lookup(config, _WORKDIR.value, train=_MODE.value == "train")
-  elif config.experiment == "lm":
-    from fot_jax import runs
-    runs.run_lm(config, _WORKDIR.value, train=_MODE.value == "train")
-  elif config.experiment == "baselines":
-    from fot_jax import baselines
-    baselines.run_baselines(config, _WORKDIR.value, train=_MODE.value == "train")
+  else:  # the LM experiments read SeqIO data: TensorFlow loads here, not for the dictionary task
+    from fot_jax import baselines, lm_runs
+    if config.experiment == "lm":
+      lm_runs.run_lm(config, _WORKDIR.value, train=_MODE.value == "train")
+    elif config.experiment == "baselines":
+      baselines.run_baselines(config, _WORKDIR.value, train=_MODE.value == "train")
 
 
 if __name__ == "__main__":

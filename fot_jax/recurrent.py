@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fot_jax.model.config import ModelConfig
+from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
 
 KINDS = ("memorizing", "transformer_xl")
@@ -192,7 +193,6 @@ class XLInference:
   at the wrong distance, so process() refuses to continue after one."""
 
   def __init__(self, cfg: ModelConfig, params, window: int):
-    from fot_jax.model.llama import LlamaModel  # the model imports nothing from here
     self.cfg, self.params, self.window = cfg, params, int(window)
     model = LlamaModel(cfg)
 

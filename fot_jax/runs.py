@@ -1,4 +1,5 @@
-"""Experiment runners behind fot_jax.main."""
+"""The dictionary-lookup experiment behind fot_jax.main (FoT and its baseline, accuracy against memory
+size, r_d), and the arm training and result writing that the LM runner (fot_jax/lm_runs.py) shares."""
 from __future__ import annotations
 
 import os
@@ -7,13 +8,12 @@ import time
 import jax
 import numpy as np
 
-from data_pipelines.copy_task import CopyBatches, CopyTask, RepeatedWindows
+from data_pipelines.copy_task import CopyBatches, CopyTask
 from data_pipelines.dictionary_lookup import DictionaryBatches
-from data_pipelines.retrieval_docs import RetrievalBatches
 from fot_jax import configs, jsonio, provenance
 from fot_jax.curriculum import Schedule
-from fot_jax.eval import dictionary, perplexity
-from fot_jax.inference import MemoryInference
+from fot_jax.eval import dictionary
+from fot_jax.eval.rd import positive_attention_mass
 from fot_jax.train import NoCheckpoint, train
 
 
@@ -81,13 +81,13 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
   for seed in seeds:
     name = "fot" if seed == seeds[0] else f"fot_seed{seed}"
     schedule = Schedule(config.fot.curriculum)
-    trained[name] = _train_arm(cfg, _arm_train_cfg(config, "fot", seed, config.fot.steps), name, schedule,
+    trained[name] = train_arm(cfg, _arm_train_cfg(config, "fot", seed, config.fot.steps), name, schedule,
                                _dictionary_feeds(config, task, "fot", seed, schedule), os.path.join(workdir, name),
                                train, "dictionary_lookup", config.fot.window, _dictionary_run_fields(config, "fot"))
   if config.baseline.enabled:
     steps_run = trained["fot"]["steps_run"]
     schedule = baseline_schedule(trained["fot"]["phases"], steps_run)
-    trained["baseline"] = _train_arm(cfg, _arm_train_cfg(config, "baseline", seeds[0], steps_run), "baseline",
+    trained["baseline"] = train_arm(cfg, _arm_train_cfg(config, "baseline", seeds[0], steps_run), "baseline",
                                      schedule, _dictionary_feeds(config, task, "baseline", seeds[0], schedule),
                                      os.path.join(workdir, "baseline"), train, "dictionary_lookup",
                                      config.baseline.window, _dictionary_run_fields(config, "baseline"))
@@ -127,7 +127,6 @@ def _dictionary_rd(config, cfg, task, trained):
   Two document sets: independent documents (other documents may define the query's key too,
   with another value: attention there is content-correct but counts as negative), and, for the
   d that the key space allows, documents that share no key (as the training batches)."""
-  from fot_jax.eval.rd import positive_attention_mass
   ds = [int(d) for d in config.eval.rd_ds]
   d_max = task.key_space // task.n_defs  # documents that can avoid sharing a key
   sets = {}  # label -> (ds, documents), the same documents for every arm
@@ -141,7 +140,7 @@ def _dictionary_rd(config, cfg, task, trained):
           for name in ("fot", "baseline") if name in trained}
 
 
-def _train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab, window: int, run_fields: dict):
+def train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab, window: int, run_fields: dict):
   """Trains (or resumes) one arm in its workdir; do_train=False (--mode=evaluate) restores its
   latest checkpoint and trains nothing, refusing a workdir with no restorable step."""
   vocab = os.path.abspath(vocab) if os.path.isfile(vocab) else vocab  # evaluation finds it from anywhere
@@ -166,7 +165,7 @@ def _checkpoint_step(workdir):
 
 
 def _write_results(results, workdir, arms):
-  _save_and_tabulate(results, workdir, arms, "accuracy", "Dictionary lookup accuracy (all value tokens right)")
+  save_and_tabulate(results, workdir, arms, "accuracy", "Dictionary lookup accuracy (all value tokens right)")
   sd = results["seeds"]
   print(f"FoT over seeds {sd['seeds']}: accuracy at {sd['memory_tokens'][-1]:,} tokens "
         f"mean {sd['mean'][-1]:.3f}, min {sd['min'][-1]:.3f}, max {sd['max'][-1]:.3f}")
@@ -223,7 +222,7 @@ def plot_accuracy(ax, results, fot_label, band_label, baseline_note):
   ax.set_ylabel("accuracy (queries answered)")
 
 
-def _save_and_tabulate(results, workdir, arms, metric, title):
+def save_and_tabulate(results, workdir, arms, metric, title):
   """results.json, and a table of `metric` against memory tokens per arm on stdout."""
   jsonio.write_json(os.path.join(workdir, "results.json"), results, default=str)
   width = max(9, *(len(a) for a in arms))
@@ -235,7 +234,7 @@ def _save_and_tabulate(results, workdir, arms, metric, title):
   print(f"wall time {results['wall_seconds']:.0f}s; results in {os.path.join(workdir, 'results.json')}")
 
 
-def _plot(path, curves, xlabel, ylabel, title, ylim=None, xticks=None):
+def plot_curves(path, curves, xlabel, ylabel, title, ylim=None, xticks=None):
   """curves: {label: (xs, ys)} on a log2 x axis -> PNG at path."""
   try:
     import matplotlib
@@ -260,136 +259,3 @@ def _plot(path, curves, xlabel, ylabel, title, ylim=None, xticks=None):
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
-
-# -- language models: train FoT (+ the same model without crossbatch), perplexity vs memory --
-def _lm_train_cfg(config):
-  t = config.train
-  return {"steps": t.steps, "seed": config.seed, "loss_on": t.loss_on, "accum_steps": t.accum_steps,
-          "log_every": t.log_every, "checkpoint_every": t.checkpoint_every, "optim": config.optim.to_dict(),
-          "init_from": t.get("init_from"), "mesh": config.get("mesh"),
-          "crossbatch_scope": t.get("crossbatch_scope", "batch"), "trainable": _trainable_spec(t.get("trainable"))}
-
-
-def _lm_run_fields(config) -> dict:
-  """What defines an LM arm's training besides its model, optimiser and train config (the
-  workdir's fingerprint): the data settings, the copy warm-up, and the curriculum as configured
-  (the no-crossbatch arm's own is derived from how FoT's ran)."""
-  fields = {"data": config.data.to_dict(), "curriculum": config.train.curriculum.to_dict()}
-  if config.get("warmup") is not None:
-    fields["warmup"] = config.warmup.to_dict()
-  return fields
-
-
-def _trainable_spec(spec):
-  """train.trainable as plain Python (a ConfigDict field may hold a tuple or a FieldReference)."""
-  return spec if spec is None or isinstance(spec, str) else [str(x) for x in spec]
-
-
-def lm_eval_docs(config, vocab, need: int):
-  """Held-out documents (`bos doc eos`) of at least `need` tokens, in the task's stored order."""
-  from data_pipelines import pipeline, vocab as vocab_lib
-  ids = vocab_lib.special_ids(vocab)
-  docs = pipeline.long_documents(config.data.eval_task, vocab, config.data.eval_split, need,
-                                 int(config.eval.n_docs), wrap=(ids["bos"], ids["eos"]))
-  if not docs:
-    raise ValueError(f"eval: no document of {config.data.eval_task!r} split {config.data.eval_split!r} has "
-                     f"{need} tokens (max eval.memory_tokens + eval.score_tokens + 1); lower them")
-  return docs
-
-
-def lm_copy_warmup(config, arm: str) -> CopyBatches:
-  """The batches of an LM curriculum's copy warm-up (phases whose task is `warmup.task`): FoT's
-  documents split in two windows of `span` tokens, whatever the LM's own window (memory keys
-  carry no position, so the circuit carries over; short windows make it form in a fraction of
-  the steps: docs/data.md); the no-crossbatch arm sees each document whole in one row."""
-  task = configs.lm_warmup_task(config, arm)
-  return CopyBatches(task, int(config.warmup.slots), task.span if arm == "fot" else task.doc_len,
-                     int(config.seed))
-
-
-def lm_feed(config, task, arm: str):
-  """The batches of one curriculum task of an LM run: the copy warm-up on ids, a repeat view of an
-  LM task (`c.data.repeats`), or the LM task itself (None: `c.data.task`)."""
-  from data_pipelines import pipeline
-  if task is not None and task == configs.warmup_task_name(config):
-    return lm_copy_warmup(config, arm)
-  retrieval = configs.retrieval_view(config, task)
-  if retrieval is not None:
-    return retrieval_batches(config, retrieval)
-  view = configs.repeat_view(config, task)
-  if view is None:
-    return pipeline.lm_batches_from_config(config, task=task)
-  return RepeatedWindows(pipeline.lm_batches_from_config(config, task=view["task"]),
-                         int(config.data.windows_per_slot), view["fraction"], int(config.seed),
-                         view["score_first"])
-
-
-def retrieval_batches(config, spec) -> RetrievalBatches:
-  """Retrieval documents in this host's slots, a `text_slots` share of them natural text."""
-  from data_pipelines import pipeline, vocab as vocab_lib
-  d = config.data
-  vocab = vocab_lib.get_vocabulary(d.vocab)
-  slots = pipeline.host_slots(int(d.slots))
-  n_text = int(spec.text_slots * slots)
-  text = None
-  if n_text:
-    text = pipeline.lm_batches(spec.text_task, vocab, slots=n_text, windows=int(d.windows_per_slot),
-                               window=int(d.window), seed=int(config.seed),
-                               min_doc_len=int(d.get("min_doc_len", 1)), max_doc_len=int(d.get("max_doc_len", 0)))
-    text.check_nonempty()
-  return RetrievalBatches(spec, vocab, slots=slots, windows=int(d.windows_per_slot), window=int(d.window),
-                          seed=int(config.seed), text_batches=text)
-
-
-def run_lm(config, workdir: str, train: bool = True) -> dict:
-  """Trains FoT with the crossbatch curriculum and, if baseline.enabled, the same model without
-  crossbatch, on doc-pinned slot batches; evaluates perplexity against memory size; writes results."""
-  from data_pipelines import vocab as vocab_lib
-  t_start = time.time()
-  cfg = configs.model_config(config)
-  vocab = vocab_lib.get_vocabulary(config.data.vocab)
-  vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
-  arms = ["fot"] + (["no_crossbatch"] if config.baseline.enabled else [])
-  results = {"config": config.to_dict(), "data": {}}
-  trained = {}
-  for name in arms:
-    # The baseline: FoT's phases as they ran (same tasks, same steps), without crossbatch.
-    schedule = (Schedule(config.train.curriculum) if name == "fot" else
-                baseline_schedule(trained["fot"]["phases"], trained["fot"]["steps_run"]))
-    try:  # one source per data task of the curriculum (a curriculum over tasks has several)
-      feeds = {task: lm_feed(config, task, name) for task in set(schedule.tasks())}
-    except ValueError as e:  # missing data, empty source, bad vocabulary: one line (fot_jax.cli), no traceback
-      raise ValueError(f"data error: {e}") from e
-    trained[name] = _train_arm(cfg, _lm_train_cfg(config), name, schedule,
-                               feeds[None] if list(feeds) == [None] else feeds, os.path.join(workdir, name), train,
-                               config.data.vocab, config.data.window, _lm_run_fields(config))
-    report = {str(task or config.data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}
-              for task, b in feeds.items() if hasattr(b, "report")}  # the copy warm-up is synthetic
-    for task, r in report.items():
-      print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
-    results["data"][name] = report
-  ev = config.eval
-  docs = lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
-  print(f"evaluating on {len(docs)} held-out documents of {config.data.eval_task!r}", flush=True)
-  for name in arms:
-    inference = MemoryInference(cfg, trained[name]["params"], int(config.data.window), ev.mode, ev.topk)
-    res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, int(ev.score_tokens),
-                                          int(ev.batch), ev.doc_mode, name=name)
-    hist = trained[name]["history"]
-    res.update(train_seconds=trained[name]["seconds"], n_docs=len(docs), phases=trained[name]["phases"],
-               final_train_loss=float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None)
-    results[name] = res
-  results["wall_seconds"] = time.time() - t_start
-  results["provenance"] = provenance.provenance()
-  if jax.process_index() == 0:
-    _write_lm_results(results, workdir, list(arms), config.data.eval_task)
-  return results
-
-
-def _write_lm_results(results, workdir, arms, task):
-  _save_and_tabulate(results, workdir, arms, "perplexity", f"Perplexity on held-out {task!r} documents (single_doc)")
-  mems = results[arms[0]]["memory_tokens"]
-  xs = [max(m, 1) for m in mems]  # 0 memory tokens plotted at 1 on the log axis
-  _plot(os.path.join(workdir, "perplexity_vs_memory.png"), {a: (xs, results[a]["perplexity"]) for a in arms},
-        "memory tokens before the scored span (0 = local window only)", "perplexity (per token)",
-        f"Perplexity against memory size ({task})", xticks=(xs, [f"{m:,}" for m in mems]))

@@ -7,7 +7,7 @@ import pytest
 
 from data_pipelines.slots import SlotBatcher
 from experiments import stdlib_lm_tiny
-from fot_jax import configs, runs
+from fot_jax import configs, lm_runs
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import get_size
 from fot_jax.train import train
@@ -84,7 +84,7 @@ def test_curriculum_over_two_pipelines_resumes_each_position(tmp_path):
 def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
   config = stdlib_lm_tiny.get_test_config()
   configs.validate(config)
-  results = runs.run_lm(config, str(tmp_path))
+  results = lm_runs.run_lm(config, str(tmp_path))
   saved = json.loads((tmp_path / "results.json").read_text())
   for arm in ("fot", "no_crossbatch"):
     assert saved[arm]["memory_tokens"] == [0, 64, 128]

@@ -13,6 +13,7 @@ import pytest
 
 from fot_jax import checkpoint
 from fot_jax.eval import heads, suite
+from fot_jax.eval import config as eval_config
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 
@@ -205,7 +206,8 @@ def _tiny_checkpoint(tmp_path):
 def test_mem_layers_auto(tmp_path, capsys):
   from fot_jax import evaluate
   ck, cfg = _tiny_checkpoint(tmp_path)
-  got = evaluate._layers("auto:2", ck)
+  assert evaluate._layers("AUTO:2") == "auto:2"  # checked on the command line, resolved once the model loads
+  got = heads.resolve_auto_layers("auto:2", ck)
   assert "memory layers" in capsys.readouterr().out
   from data_pipelines import vocab as vocab_lib
   plain = dataclasses.replace(cfg, mem_layers=())
@@ -214,18 +216,18 @@ def test_mem_layers_auto(tmp_path, capsys):
   res = heads.copy_scores(plain, params, vocab_lib.get_vocabulary("byte"))  # the probe's defaults
   assert got == heads.pick_layers(res, 2) and len(got) == 2 and list(got) == sorted(got)
   assert heads.resolve_auto_layers("AUTO:1", ck) == heads.pick_layers(res, 1)  # the helper, any case
-  for bad, msg in (("auto:0", "positive"), ("auto:x", "positive"), ("auto:", "positive"),
-                   ("auto:4", "only 3 layers")):
+  for bad, msg in (("auto:0", "positive"), ("auto:x", "positive"), ("auto:", "positive")):
     with pytest.raises(ValueError, match=msg) as e:
-      evaluate._layers(bad, ck)
+      evaluate._layers(bad)  # before anything loads
     assert "\n" not in str(e.value)
-  with pytest.raises(ValueError, match="--checkpoint"):
-    evaluate._layers("auto:2")
+  with pytest.raises(ValueError, match="only 3 layers") as e:
+    heads.resolve_auto_layers("auto:4", ck)
+  assert "\n" not in str(e.value)
 
 
 def test_heads_suite_writes_json_plot_and_report(tmp_path):
   ck, _ = _tiny_checkpoint(tmp_path)
-  c = suite.default_config()
+  c = eval_config.default_config()
   c.vocab = "byte"
   c.heads.update(n_prompts=2, length=200, top=2)
   work = str(tmp_path / "w")

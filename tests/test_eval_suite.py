@@ -9,6 +9,7 @@ import numpy as np
 
 from fot_jax import checkpoint
 from fot_jax.eval import perplexity, report, suite
+from fot_jax.eval import config as eval_config
 from fot_jax.inference import MemoryInference
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
@@ -24,7 +25,7 @@ def _tiny_run(tmp_path):
   corpus.mkdir()
   for i in range(5):
     (corpus / f"f{i}.py").write_text(f"# file {i}\n" + "".join(f"x{i}_{j} = {j * i}\n" for j in range(40)))
-  c = suite.default_config()
+  c = eval_config.default_config()
   c.task, c.split, c.vocab, c.batch = f"files:{corpus}/*.py", "train", "byte", 4
   c.ppl.update(memory_tokens=(0, 32), score_tokens=16, n_docs=3)
   c.rd.update(ds=(1, 2, 4), n_docs=4)
@@ -40,9 +41,9 @@ def _tiny_run(tmp_path):
 def test_all_suites_report_and_compare(tmp_path):
   ck, c = _tiny_run(tmp_path)
   work = str(tmp_path / "w")
-  out = suite.run(ck, list(suite.SUITES), work, c, name="tiny")
+  out = suite.run(ck, list(eval_config.SUITES), work, c, name="tiny")
   files = set(os.listdir(os.path.join(work, "eval")))
-  for s in suite.SUITES:
+  for s in eval_config.SUITES:
     assert f"{s}.json" in files and f"{s}.png" in files, s
     with open(os.path.join(work, "eval", f"{s}.json")) as f:
       saved = json.load(f)
@@ -54,7 +55,7 @@ def test_all_suites_report_and_compare(tmp_path):
   assert out["dict"]["dense"]["memory_tokens"] == [32] and out["dict"]["ivf"]["memory_tokens"] == [32, 128]
   assert out["dict"]["flat"]["recall"][-1] == 1.0
   text = open(os.path.join(work, "eval", "report.md")).read()
-  for s in suite.SUITES:
+  for s in eval_config.SUITES:
     assert f"## {s}" in text and f"![{s}]({s}.png)" in text
   # compare: the same run evaluated again with another seed, through the CLI
   work2 = str(tmp_path / "w2")

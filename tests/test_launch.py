@@ -75,7 +75,7 @@ def test_sweep_expands_into_named_runs_with_their_own_workdirs(capsys):
 def test_every_experiment_file_validates():
   """Files whose data (C4, arXiv, OpenLLaMA tokenizer) is not on this machine validate without
   the data checks; the others with them."""
-  from fot_jax import study
+  from fot_jax.study import config as study_config
   from fot_jax.model.config import get_size
   for name in sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments"))
                      if f.endswith(".py") and f not in ("__init__.py", "base_lm.py")):
@@ -86,7 +86,7 @@ def test_every_experiment_file_validates():
         configs.validate(config.base.train, check_data=True)
         base = configs.model_config(config.base.train)
       for method in config.methods:
-        study.method_model_config(base, method)
+        study_config.method_model_config(base, method)
       continue
     local_data = name in ("dictionary_lookup", "stdlib_lm_tiny")
     configs.validate(config, check_data=local_data)

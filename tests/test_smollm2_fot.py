@@ -8,7 +8,7 @@ import numpy as np
 from flax import traverse_util
 
 from experiments import smollm2_fot
-from fot_jax import configs, runs
+from fot_jax import configs, lm_runs
 from fot_jax import checkpoint
 from fot_jax.convert import export_hf
 from fot_jax.model.init import init_params
@@ -25,7 +25,7 @@ def test_smollm2_fot_tiny_end_to_end(tmp_path):
                                   jax.eval_shape(lambda: init_params(imported, 0)))
   checkpoint.save(ck, before, imported, window=64, tokenizer=make_tokenizer(str(tmp_path / "tok")))
   configs.validate(config)
-  results = runs.run_lm(config, str(tmp_path / "run"))
+  results = lm_runs.run_lm(config, str(tmp_path / "run"))
   saved = json.loads((tmp_path / "run" / "results.json").read_text())
   assert [(p["name"], p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
       ("copy_d1", "stdlib_repeat", 0, 1), ("copy", "stdlib_repeat", 1, 2), ("lm", "stdlib_mixed", 2, 3)]

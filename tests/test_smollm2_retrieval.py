@@ -10,7 +10,7 @@ from flax import traverse_util
 
 import fot_jax
 from experiments import smollm2_retrieval
-from fot_jax import configs, runs
+from fot_jax import configs, lm_runs
 from fot_jax import checkpoint
 from fot_jax.eval import retrieval, ruler
 from fot_jax.model.init import init_params
@@ -27,7 +27,7 @@ def test_smollm2_retrieval_tiny_end_to_end(tmp_path):
                                   jax.eval_shape(lambda: init_params(imported, 0)))
   checkpoint.save(ck, before, imported, window=128, tokenizer=make_tokenizer(str(tmp_path / "tok")))
   configs.validate(config)
-  runs.run_lm(config, str(tmp_path / "run"))
+  lm_runs.run_lm(config, str(tmp_path / "run"))
   saved = json.loads((tmp_path / "run" / "results.json").read_text())
   assert [(p["name"], p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
       ("near", "near", 0, 1), ("mid", "mid", 1, 2), ("far", "far", 2, 3)]

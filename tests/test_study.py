@@ -12,9 +12,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from fot_jax import study
+from fot_jax.study import config as study_config
+from fot_jax.study import evaluation as study_evaluation
+from fot_jax.study import finetune as study_finetune
+from fot_jax.study import methods as study_methods
+from fot_jax.study import report as study_report
+from fot_jax.study import run as study_run
 from fot_jax import checkpoint
 from fot_jax.eval import suite
+from fot_jax.eval import config as eval_config
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
@@ -41,7 +47,7 @@ def tiny(tmp_path_factory):
   c.suites = ("ppl", "niah", "rd")  # passkey is the same grid runner with longer prompts (a compile more)
   c.pad = 256  # every plain input (ppl 32/64, NIAH prompts ~100-200 tokens) in one compiled width
   c.ppl = ml_collections.ConfigDict({"score_tokens": 8, "n_docs": 2, "tolerance": 1.1})
-  e = suite.default_config()
+  e = eval_config.default_config()
   e.task, e.split, e.vocab, e.batch = f"files:{corpus}/*.py", "train", "byte", 4
   for g in (e.passkey, e.niah):
     g.depths, g.trials = (0.0, 1.0), 1
@@ -54,7 +60,7 @@ def tiny(tmp_path_factory):
 def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   ck, c, tmp = tiny
   work = str(tmp / "w")
-  out = study.run(c, work)
+  out = study_run.run(c, work)
   methods = out["methods"]
   assert list(methods) == ["none", "pi", "fot_memory"]
   for name, r in methods.items():
@@ -76,7 +82,7 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   # rerun: finished methods are skipped; a method whose spec changed is evaluated again
   c2 = ml_collections.ConfigDict(c.to_dict())
   c2.methods = [c.methods[0], dict(PI, overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})]
-  again = study.run(c2, work)
+  again = study_run.run(c2, work)
   log = capsys.readouterr().out
   assert "none: done before" in log and "pi: its spec or the study's settings changed" in log
   assert again["methods"]["none"] == methods["none"]
@@ -90,7 +96,7 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   os.remove(done)
   with open(os.path.join(work, "methods", "fot_memory.partial.json"), "w") as f:
     json.dump(stopped, f)
-  resumed = study.run(c, work)["methods"]["fot_memory"]
+  resumed = study_run.run(c, work)["methods"]["fot_memory"]
   log = capsys.readouterr().out
   assert "fot_memory: memory path" in log and "suites ['niah', 'rd'] (the others done before)" in log
   assert "[fot_memory] ppl: done before, kept" in log and "[fot_memory] ppl: length" not in log
@@ -104,7 +110,7 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   del old["suites_done"]
   with open(plain, "w") as f:
     json.dump(old, f)
-  study.run(c, work)
+  study_run.run(c, work)
   assert "none: done before" in capsys.readouterr().out
 
 
@@ -115,7 +121,7 @@ def test_method_overrides_reach_the_model(tiny):
   tokens = rng.integers(0, 256, (2, 40)).astype(np.int32)  # 40 > L0 = 16, padded to 64 by the plain path
 
   def study_logits(method):
-    inf = study._method_context(base, method, 64).inference()
+    inf = study_methods.method_context(base, method, 64).inference()
     return inf.process(tokens, inf.new_memory(2))
 
   def direct_logits(cfg):  # the reference: one unpadded forward of the overridden config
@@ -131,9 +137,9 @@ def test_method_overrides_reach_the_model(tiny):
                                                              "local_window": 64, "max_distance": 64}}}
   np.testing.assert_allclose(study_logits(wide), none, atol=1e-5)
   with pytest.raises(ValueError, match="study method 'bad'.*unknown ModelConfig field"):
-    study.method_model_config(base.cfg, {"name": "bad", "overrides": {"rope": 1}})
+    study_config.method_model_config(base.cfg, {"name": "bad", "overrides": {"rope": 1}})
   with pytest.raises(ValueError, match="study method 'x': inference must be"):
-    study._method_context(base, {"name": "x", "inference": "kv"}, 64)
+    study_methods.method_context(base, {"name": "x", "inference": "kv"}, 64)
 
 
 
@@ -149,7 +155,7 @@ def test_plain_inference_is_the_model_with_an_empty_memory(positions, qk_norm):
   params = init_params(cfg, 0)
   tokens = np.random.default_rng(0).integers(0, 64, (2, 40)).astype(np.int32)
   direct = np.asarray(LlamaModel(cfg).apply({"params": params}, jnp.asarray(tokens))[0])
-  inf = study.PlainInference(cfg, params, pad=64)  # 40 tokens: one window of 64, padding masked
+  inf = study_methods.PlainInference(cfg, params, pad=64)  # 40 tokens: one window of 64, padding masked
   memory = inf.new_memory(2)
   np.testing.assert_allclose(inf.process(tokens, memory), direct, atol=1e-4, rtol=1e-4)
   # the same as memory inference's first window (nothing in memory yet)
@@ -181,7 +187,7 @@ def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_
   ck, c, tmp = tiny
   c, plain_ft = _ft_config(c)
   work = str(tmp / "ft")
-  out = study.run(c, work)["methods"]
+  out = study_run.run(c, work)["methods"]
   frozen, ft = c.methods
   base = suite.Context(ck, c.eval)
   # the fine-tuned parameters (read back from the fine-tune's workdir) differ from the base's ...
@@ -189,8 +195,8 @@ def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_
   assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
              for a, b in zip(jax.tree_util.tree_leaves(tuned), jax.tree_util.tree_leaves(base.params))) > 1e-4
   # ... and are the ones evaluated: the perplexity recomputed from the checkpoint, not the frozen one's
-  ctx = study._method_context(base, ft, int(c.pad), tuned)
-  again = study.perplexity_vs_length(ctx, list(c.lengths), 8, 2, 4)["perplexity"]
+  ctx = study_methods.method_context(base, ft, int(c.pad), tuned)
+  again = study_evaluation.perplexity_vs_length(ctx, list(c.lengths), 8, 2, 4)["perplexity"]
   np.testing.assert_allclose(out["fot_ft"]["ppl"]["perplexity"], again, rtol=1e-5)
   assert abs(out["fot_ft"]["ppl"]["perplexity"][1] - out["fot_memory"]["ppl"]["perplexity"][1]) > 1e-4
   # trained with crossbatch: at d=2 the memory layer's attention splits between its own slot's
@@ -203,10 +209,10 @@ def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_
   table = open(os.path.join(work, "study.md")).read()
   assert "| fot_memory | memory | frozen |" in table and "| fot_ft | memory | 2 steps @ 32, {d: 2} |" in table
   # the same tokens for both paths: the memory path's 2 windows of 16 per slot are the plain path's 32
-  s_mem, s_plain = study.finetune_settings(c, ft), study.finetune_settings(c, plain_ft)
+  s_mem, s_plain = study_config.finetune_settings(c, ft), study_config.finetune_settings(c, plain_ft)
   assert "crossbatch" not in s_plain and s_plain == {k: v for k, v in s_mem.items() if k != "crossbatch"}
-  mem = study.finetune_batches(base, "fot_ft", s_mem, L0, 2)(0)
-  plain = study.finetune_batches(base, "none_ft", s_plain, 32, 1)(0)
+  mem = study_finetune.finetune_batches(base, "fot_ft", s_mem, L0, 2)(0)
+  plain = study_finetune.finetune_batches(base, "none_ft", s_plain, 32, 1)(0)
   for key in ("inputs", "targets", "loss_mask"):
     np.testing.assert_array_equal(mem[key].reshape(2, 32), plain[key])
   capsys.readouterr()
@@ -214,14 +220,14 @@ def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_
   os.remove(os.path.join(work, "methods", "fot_ft.json"))
   c1 = ml_collections.ConfigDict(c.to_dict())
   c1.methods = [ft]
-  again = study.run(c1, work)["methods"]
+  again = study_run.run(c1, work)["methods"]
   printed = capsys.readouterr().out
   assert "fine-tune fot_ft: done before" in printed and "[ft fot_ft] step" not in printed
   assert again["fot_ft"]["ppl"] == out["fot_ft"]["ppl"]
   # a changed fine-tune is a changed setting of the fine-tuned methods only (they run again)
   c2 = ml_collections.ConfigDict(c.to_dict())
   c2.finetune.steps = 3
-  assert study.settings(c2, ft) != study.settings(c, ft) and study.settings(c2, frozen) == study.settings(c, frozen)
+  assert study_config.settings(c2, ft) != study_config.settings(c, ft) and study_config.settings(c2, frozen) == study_config.settings(c, frozen)
 
 
 def test_finetune_config_errors_name_the_method(tiny):
@@ -231,17 +237,17 @@ def test_finetune_config_errors_name_the_method(tiny):
   bad = ml_collections.ConfigDict(c.to_dict())
   bad.methods = [dict(ft, finetune={"length": 24})]
   with pytest.raises(ValueError, match="study method 'fot_ft': finetune.length 24 must be a multiple"):
-    study.run(bad, str(tmp / "bad"))
+    study_run.run(bad, str(tmp / "bad"))
   assert not os.path.exists(tmp / "bad" / "finetune")  # checked before anything trains
   with pytest.raises(ValueError, match="study method 'none_ft': unknown finetune field.*'lr'"):
-    study.finetune_settings(c, dict(plain_ft, finetune={"lr": 1.0}))
+    study_config.finetune_settings(c, dict(plain_ft, finetune={"lr": 1.0}))
   with pytest.raises(ValueError, match="study method 'fot_ft': a memory method fine-tunes with crossbatch"):
-    study.finetune_settings(c, dict(ft, finetune={"crossbatch": {}}))
+    study_config.finetune_settings(c, dict(ft, finetune={"crossbatch": {}}))
   base = suite.Context(ck, c.eval)
   with pytest.raises(ValueError, match="study method 'fot_ft': finetune.crossbatch:.*d=3"):  # 2 slots
-    study._finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 3, "w": 1}}), c)
+    study_finetune.finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 3, "w": 1}}), c)
   with pytest.raises(ValueError, match="study method 'fot_ft': finetune.crossbatch: pack size 3"):
-    study._finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 2, "w": 2}}), c)
+    study_finetune.finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 2, "w": 2}}), c)
 
 
 def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
@@ -250,7 +256,7 @@ def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
   from fot_jax import crossbatch
   from fot_jax.curriculum import Schedule
   k, slots = 3, 4
-  sched = Schedule(study._crossbatch_curriculum({"kind": "stages", "stages": [(0, {"d": 1}), (5, {"d": 3})]}, k))
+  sched = Schedule(study_config.crossbatch_curriculum({"kind": "stages", "stages": [(0, {"d": 1}), (5, {"d": 3})]}, k))
   assert sched.pack == k
   for step, d in ((0, 1), (4, 1), (5, 3)):
     plan = crossbatch.plan_from_spec(slots * k, sched.spec(step))
@@ -262,7 +268,7 @@ def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
       others = plan.sources[row][live & ~plan.positive[row]]
       assert len(others) == j * (d - 1) and all(o // k != slot and o % k < j for o in others)
   # an explicit spec passes through unchanged
-  assert study._crossbatch_curriculum({"d": 2, "w": 2}, k) == {"kind": "constant", "spec": {"d": 2, "w": 2}}
+  assert study_config.crossbatch_curriculum({"d": 2, "w": 2}, k) == {"kind": "constant", "spec": {"d": 2, "w": 2}}
 
 
 BLOCKS = {"name": "blocks", "inference": "memory", "overrides": {"mem_layers": (1,)},
@@ -271,9 +277,9 @@ BLOCKS = {"name": "blocks", "inference": "memory", "overrides": {"mem_layers": (
 
 def test_method_memory_retrieval_is_validated_naming_the_method_and_field(tiny):
   _, c, _ = tiny
-  assert study.memory_settings(dict(BLOCKS, memory={"mode": "blocks"})) == {  # memory.BlockSpec's defaults
+  assert study_config.memory_settings(dict(BLOCKS, memory={"mode": "blocks"})) == {  # memory.BlockSpec's defaults
       "mode": "blocks", "block_size": 128, "block_reps": 16, "block_topk": 8}
-  assert study.memory_settings(dict(BLOCKS, memory={"mode": "topk", "topk": 4})) == {"mode": "topk", "topk": 4}
+  assert study_config.memory_settings(dict(BLOCKS, memory={"mode": "topk", "topk": 4})) == {"mode": "topk", "topk": 4}
   bad = [({"mode": "blocks", "block_topk": 0}, r"study method 'blocks': memory.block_topk must be a positive integer"),
          ({"mode": "blocks", "block_size": True}, "memory.block_size must be a positive integer"),
          ({"mode": "blocks", "topk": 4}, r"memory field\(s\) \['topk'\] unknown for mode 'blocks'"),
@@ -286,10 +292,10 @@ def test_method_memory_retrieval_is_validated_naming_the_method_and_field(tiny):
     bad_c = ml_collections.ConfigDict(c.to_dict())
     bad_c.methods = [dict(BLOCKS, memory=memory)]
     with pytest.raises(ValueError, match=match):
-      study.check_config(bad_c)
+      study_config.check_config(bad_c)
   bad_c.methods = [{"name": "p", "inference": "plain", "memory": {"mode": "blocks"}}]
   with pytest.raises(ValueError, match="study method 'p': memory .* needs inference 'memory'"):
-    study.check_config(bad_c)
+    study_config.check_config(bad_c)
 
 
 def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_memory(tiny):
@@ -304,10 +310,10 @@ def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_mem
   c.suites = ("ppl", "rd")
   base = suite.Context(ck, c.eval)
   few = dict(BLOCKS, name="few", memory={"mode": "blocks", "block_size": 4, "block_reps": 2, "block_topk": 1})
-  inf = study._method_context(base, BLOCKS, int(c.pad)).inference("dense")  # the method's mode wins
+  inf = study_methods.method_context(base, BLOCKS, int(c.pad)).inference("dense")  # the method's mode wins
   assert inf.mode == "blocks" and inf.topk == BlockSpec(8, 2, 8) and inf.window == L0
   # at 64 tokens memory holds 3 windows of 16 = 6 blocks of 8: block_topk 8 retrieves all of them
-  res = {m["name"]: study.evaluate_method(base, m, c) for m in (BLOCKS, few)}
+  res = {m["name"]: study_evaluation.evaluate_method(base, m, c) for m in (BLOCKS, few)}
   assert "rd" not in res["blocks"] and res["blocks"]["suites_done"] == ["ppl", "rd"]  # r_d is dense memory's
   top = max(c.lengths)
   tails = np.stack([np.asarray(d[-(top + 1):], np.int32) for d in base.docs(top + 1, int(c.ppl.n_docs))])
@@ -324,12 +330,12 @@ def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_mem
   assert min(abs(a / b - 1) for a, b in zip(res["few"]["ppl"]["perplexity"], dense)) > 1e-4
   # the settings name the retrieval (defaults resolved); a method without `memory` keeps the old ones
   dense_m = {"name": "fot_memory", "inference": "memory", "overrides": {"mem_layers": (1,)}}
-  s_blocks, s_few, s_dense = (study.settings(c, m) for m in (BLOCKS, few, dense_m))
+  s_blocks, s_few, s_dense = (study_config.settings(c, m) for m in (BLOCKS, few, dense_m))
   assert s_blocks["memory"] == {"mode": "blocks", "block_size": 8, "block_reps": 2, "block_topk": 8}
-  assert "memory" not in s_dense and s_dense == study.settings(c)
-  assert not study.same_settings(s_blocks, s_dense) and not study.same_settings(s_blocks, s_few)
+  assert "memory" not in s_dense and s_dense == study_config.settings(c)
+  assert not study_config.same_settings(s_blocks, s_dense) and not study_config.same_settings(s_blocks, s_few)
   assert res["blocks"]["settings"] == s_blocks
-  table = study.markdown({"base": ck, "window": L0, "lengths": list(c.lengths), "wall_seconds": 0.0,
+  table = study_report.markdown({"base": ck, "window": L0, "lengths": list(c.lengths), "wall_seconds": 0.0,
                           "methods": {n: dict(r, wall_seconds=0.0) for n, r in res.items()}})
   assert "| blocks | memory, blocks 8 x 8 (reps 2) | frozen |" in table
 
@@ -341,11 +347,11 @@ def test_smollm2_study_config_fits_the_import():
   c = study_smollm2.get_config()
   base = get_size("smollm2_135m", mem_layers=())
   for m in c.methods:
-    cfg = study.method_model_config(base, m)
+    cfg = study_config.method_model_config(base, m)
     assert cfg.attention_impl == "blockwise", m["name"]
   assert max(c.lengths) > 8192 and len({m["name"] for m in c.methods}) == len(c.methods)
-  study.check_config(c)
-  blocks = {m["name"]: study.memory_settings(m) for m in c.methods if "memory" in m}
+  study_config.check_config(c)
+  blocks = {m["name"]: study_config.memory_settings(m) for m in c.methods if "memory" in m}
   assert set(blocks) == {"block_memory_all", "block_memory_3"} and all(b["mode"] == "blocks" for b in blocks.values())
   only = study_smollm2.get_config("block_memory_all,block_memory_3")  # --config=...:NAME,NAME
   assert [m["name"] for m in only.methods] == ["block_memory_3", "block_memory_all"]
@@ -356,9 +362,9 @@ def test_smollm2_study_config_fits_the_import():
 
 
 def test_plain_width_rounds_up_by_at_most_a_sixteenth_of_the_octave():
-  assert study.plain_width(16390, 1024) == 18432  # not 32,768
-  assert study.plain_width(16384, 1024) == 16384 and study.plain_width(8198, 1024) == 9216
-  assert study.plain_width(100, 256) == 256 and study.plain_width(300, 256) == 512
+  assert study_methods.plain_width(16390, 1024) == 18432  # not 32,768
+  assert study_methods.plain_width(16384, 1024) == 16384 and study_methods.plain_width(8198, 1024) == 9216
+  assert study_methods.plain_width(100, 256) == 256 and study_methods.plain_width(300, 256) == 512
   for t in (1, 63, 65, 1000, 5000, 70000):
-    w = study.plain_width(t, 64)
+    w = study_methods.plain_width(t, 64)
     assert t <= w <= max(64, t + t // 8 + 64) and w % 64 == 0

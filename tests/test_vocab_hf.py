@@ -13,6 +13,7 @@ from data_pipelines import pipeline
 from data_pipelines.vocab import HFVocab, checkpoint_vocab_spec, get_vocabulary
 from fot_jax import checkpoint
 from fot_jax.eval import passkey, retrieval, suite
+from fot_jax.eval import config as eval_config
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 
@@ -99,7 +100,7 @@ def _ckpt(tmp_path, name, vocab_size, **meta):
 
 
 def test_checkpoint_vocabulary_no_silent_byte(tmp_path, tok_path):
-  c = suite.default_config()
+  c = eval_config.default_config()
   bare = _ckpt(tmp_path, "bare", 260)
   with pytest.raises(ValueError, match=f"{bare}: no tokenizer found.*--eval.vocab=byte"):
     suite.Context(bare, c)  # (the evaluate CLI prints a ValueError as one `evaluate error:` line)

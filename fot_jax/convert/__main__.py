@@ -15,7 +15,9 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from fot_jax.convert import verify  # noqa: E402 - light: numpy only at import
+from fot_jax.cli import expected_errors  # noqa: E402
+from fot_jax.convert import verify  # noqa: E402
+from fot_jax.convert.api import export_hf, import_gguf, import_hf  # noqa: E402
 
 
 def _layers(text: str):
@@ -82,9 +84,7 @@ def main(argv=None) -> None:
   """Exit status 0: done (verify_export: within its tolerances); 1: verify_export found the export
   beyond a tolerance (one line on stderr says which); 2: a bad input (one line naming it)."""
   args = _parser().parse_args(argv)
-  from fot_jax.cli import expected_errors
   with expected_errors(PROG):
-    from fot_jax.convert.api import export_hf, import_gguf, import_hf
     if args.command in ("import_hf", "import_gguf"):
       src = args.hf_dir if args.command == "import_hf" else args.gguf
       fn = import_hf if args.command == "import_hf" else import_gguf

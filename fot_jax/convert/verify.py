@@ -21,7 +21,13 @@ import inspect
 import os
 from typing import Dict, List, Optional
 
+import jax
 import numpy as np
+
+from fot_jax.checkpoint import ConvertError, read_json
+from fot_jax.convert import mapping
+from fot_jax.convert.api import from_pretrained
+from fot_jax.eval.perplexity import _nll
 
 MAX_LOGIT_DIFF = 1e-3  # float32 exports
 MIN_ARGMAX_AGREE = 0.98  # bfloat16 / float16 exports
@@ -53,12 +59,7 @@ def verify_export(checkpoint: str, export_dir: str, text_path: Optional[str] = N
   tokens of the text, in `vocab` (a vocabulary spec; default the checkpoint's own). `ok` is False
   and `failures` says what exceeded which tolerance when the export is beyond them (module doc:
   a float32 export by max |Δ logit|, a bfloat16/float16 one by argmax agreement and NLL)."""
-  import jax
-  import fot_jax
-  from fot_jax.convert import mapping
-  from fot_jax.checkpoint import ConvertError, read_json
-  from fot_jax.convert.torch_reference import TorchMemoryLlama
-  from fot_jax.eval.perplexity import _nll
+  from fot_jax.convert.torch_reference import TorchMemoryLlama  # torch: only this command needs it
   if tokens < 2:
     raise ConvertError(f"verify_export: --tokens must be at least 2, got {tokens}")
   if window is not None and window <= 0:
@@ -79,7 +80,7 @@ def verify_export(checkpoint: str, export_dir: str, text_path: Optional[str] = N
   if export_dtype not in EXPORT_DTYPES:
     raise ConvertError(f"{config_path}: torch_dtype {export_dtype!r} is not one of {EXPORT_DTYPES}: "
                        f"verify_export cannot choose its tolerances")
-  model = fot_jax.from_pretrained(checkpoint, dtype="float32")
+  model = from_pretrained(checkpoint, dtype="float32")
   ref = TorchMemoryLlama(export_dir)
   if sorted(ref.mem_layers) != sorted(model.cfg.mem_layers):
     raise ConvertError(f"verify_export: {export_dir} has memory layers {sorted(ref.mem_layers)}, "

@@ -29,6 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from data_pipelines import vocab as vocab_lib
+from fot_jax.convert.api import from_pretrained
+from fot_jax.eval.config import parse_auto
+from fot_jax.eval.report import plot_heads
 from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
@@ -224,36 +228,7 @@ def copy_scores(cfg: ModelConfig, params, vocab, n_prompts: int = 8, length: int
   return out
 
 
-def plot_heads(runs: Dict[str, dict], path: str) -> str:
-  """Heat map of copy scores (layers x heads), one panel per run; picked layers marked '*'."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  shapes = [np.shape(r["scores"]) for r in runs.values()]
-  layers, heads = max(s[0] for s in shapes), max(s[1] for s in shapes)
-  fig, axes = plt.subplots(1, len(runs), figsize=(len(runs) * max(3.5, 1.2 + 0.45 * heads), 1.6 + 0.25 * layers),
-                           squeeze=False, constrained_layout=True)
-  for ax, (name, r) in zip(axes[0], runs.items()):
-    s = np.asarray(r["scores"])
-    im = ax.imshow(s, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-    if s.size <= 600:
-      for (li, hi), v in np.ndenumerate(s):
-        ax.text(hi, li, f"{v:.2f}"[1:] if 0 < v < 1 else f"{v:.0f}", ha="center", va="center", fontsize=6,
-                color="white" if v < 0.5 else "black")
-    picked = set(r.get("picked", ()))
-    ax.set_yticks(range(len(s)), [f"{i}*" if i in picked else str(i) for i in range(len(s))], fontsize=7)
-    ax.set_xticks(range(s.shape[1]), [str(j) for j in range(s.shape[1])], fontsize=7)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer (* picked)")
-    ax.set_title(f"{name}: copy score, {r['answer_tokens']} answer tokens", fontsize=8)
-  fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="copy score")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
-
-
 def _text_vocab(spec: str):
-  from data_pipelines import vocab as vocab_lib
   if spec == "dictionary_lookup":
     raise ValueError("heads: the probe needs a text vocabulary; 'dictionary_lookup' models have none")
   return vocab_lib.get_vocabulary(spec)
@@ -275,23 +250,12 @@ def run_heads(ctx) -> Dict:
   return out
 
 
-def parse_auto(spec: str) -> int:
-  """'auto:N' -> N (a positive integer); anything else raises one ValueError line."""
-  text = str(spec).strip().lower()
-  head, _, n = text.partition(":")
-  if head != "auto" or not n.strip().isdigit() or int(n) < 1:
-    raise ValueError(f"--mem_layers={spec}: expected auto:N with N a positive number of layers")
-  return int(n)
-
-
 def resolve_auto_layers(spec: str, checkpoint_path: str, vocab: str = "", n_prompts: int = 8,
                         length: int = 384, seed: int = 0) -> tuple:
   """'auto:N' -> the N memory layers the probe picks for a checkpoint, run with no memory layers
   (its memory-only parameters dropped); vocab: as --eval.vocab ('' = the checkpoint's own)."""
-  import fot_jax
-  from data_pipelines import vocab as vocab_lib
   n = parse_auto(spec)
-  model = fot_jax.from_pretrained(checkpoint_path)
+  model = from_pretrained(checkpoint_path)
   if n > model.cfg.num_layers:
     raise ValueError(f"--mem_layers={spec}: the model has only {model.cfg.num_layers} layers")
   ck = model.checkpoint

@@ -212,7 +212,6 @@ def plot_suite(suite: str, runs: Runs, out_dir: str, prefix: str = "") -> List[s
     plt.close(fig)
     files.append(prefix + "ruler.png")
   elif suite == "heads":  # a heat map (layers x heads) per run
-    from fot_jax.eval.heads import plot_heads
     plot_heads(runs, os.path.join(out_dir, prefix + "heads.png"))
     files.append(prefix + "heads.png")
   return files
@@ -253,3 +252,31 @@ def compare(workdirs: List[str], out_dir: str) -> str:
     f.write(text)
   print(text, flush=True)
   return text
+
+
+def plot_heads(runs: Dict[str, dict], path: str) -> str:
+  """Heat map of copy scores (layers x heads), one panel per run; picked layers marked '*'."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  shapes = [np.shape(r["scores"]) for r in runs.values()]
+  layers, heads = max(s[0] for s in shapes), max(s[1] for s in shapes)
+  fig, axes = plt.subplots(1, len(runs), figsize=(len(runs) * max(3.5, 1.2 + 0.45 * heads), 1.6 + 0.25 * layers),
+                           squeeze=False, constrained_layout=True)
+  for ax, (name, r) in zip(axes[0], runs.items()):
+    s = np.asarray(r["scores"])
+    im = ax.imshow(s, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+    if s.size <= 600:
+      for (li, hi), v in np.ndenumerate(s):
+        ax.text(hi, li, f"{v:.2f}"[1:] if 0 < v < 1 else f"{v:.0f}", ha="center", va="center", fontsize=6,
+                color="white" if v < 0.5 else "black")
+    picked = set(r.get("picked", ()))
+    ax.set_yticks(range(len(s)), [f"{i}*" if i in picked else str(i) for i in range(len(s))], fontsize=7)
+    ax.set_xticks(range(s.shape[1]), [str(j) for j in range(s.shape[1])], fontsize=7)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer (* picked)")
+    ax.set_title(f"{name}: copy score, {r['answer_tokens']} answer tokens", fontsize=8)
+  fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="copy score")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

@@ -17,58 +17,23 @@ from typing import Dict, List
 import ml_collections
 import numpy as np
 
+from data_pipelines import pipeline, tasks, vocab as vocab_lib
+from data_pipelines.dictionary_lookup import DictionaryTask
 from fot_jax import jsonio
-
-SUITES = ("ppl", "rd", "passkey", "niah", "dict", "ruler", "heads")
-
-
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.task = "stdlib"  # held-out documents (ppl, rd) and the NIAH haystack; 'dictionary_lookup' for dict models
-  c.split = "validation"
-  c.vocab = ""  # 'byte', a tokenizer path, 'dictionary_lookup'; '' = the checkpoint's own (never guessed)
-  c.window = 0  # local window; 0 = the checkpoint's
-  c.mode = "dense"  # memory mode of ppl/passkey/niah: dense or topk
-  c.topk = 32
-  c.batch = 8
-  c.chunk = 8192
-  c.ppl = ml_collections.ConfigDict({
-      "memory_tokens": (0, 2048, 8192, 32768), "score_tokens": 512, "n_docs": 16,
-      "distractor_tokens": -1,  # multi_doc: earlier documents' tokens in memory; -1 = max(memory_tokens)
-      "doc_modes": ("single_doc", "multi_doc")})
-  c.rd = ml_collections.ConfigDict({"ds": (1, 2, 4, 8, 16, 32, 64), "context_windows": 1, "n_docs": 64,
-                                    "split": ""})  # '' = eval.split; stdlib's validation split has ~40 files
-  grid = {"lengths": (256, 512, 1024, 2048, 4096), "depths": (0.0, 0.25, 0.5, 0.75, 1.0), "trials": 4,
-          "threshold": 0.9}
-  c.passkey = ml_collections.ConfigDict(dict(grid))
-  c.niah = ml_collections.ConfigDict(dict(grid, n_needles=4, corpus_docs=200))
-  c.dict = ml_collections.ConfigDict({
-      # data_pipelines.dictionary_lookup.DictionaryTask (the demo's task by default)
-      "task": {"num_symbols": 256, "num_value_symbols": 64, "key_len": 1, "value_len": 1, "n_defs": 16,
-               "n_queries": 16, "layout": "kv"},
-      "memory_tokens": (256, 1024, 4096, 16384, 65536, 262144, 1048576), "n_docs": 8, "topk": 32,
-      "modes": ("dense", "topk", "ivf"),  # 'flat' = exact top-k from a host index
-      "nprobe": 8, "nlist": 0,  # IVF lists searched / total (0: 4 sqrt(M), at most 1024)
-      "device_max_tokens": 262144,  # beyond this, memory stays on the host (faiss): dense/topk skipped
-      "threshold": 0.5, "seed": 1234})
-  # RULER-style tasks scored on greedy generation (fot_jax/eval/ruler.py); 0.856 = RULER's Llama-2-7B at 4K
-  c.ruler = ml_collections.ConfigDict({
-      "tasks": ("niah_noise", "niah_essay", "multikey", "multivalue", "multiquery", "vt", "fwe"),
-      "lengths": (1024, 4096, 16384), "trials": 4, "threshold": 0.856})
-  # retrieval-head probe (fot_jax/eval/heads.py): copy scores per head, the `top` layers picked
-  c.heads = ml_collections.ConfigDict({"n_prompts": 8, "length": 384, "top": 4})
-  return c
+from fot_jax.convert.api import from_pretrained
+from fot_jax.eval import dictionary, heads, niah, passkey, perplexity, report, retrieval, ruler
+from fot_jax.eval.config import SUITES
+from fot_jax.eval.effective_length import effective_length
+from fot_jax.eval.rd import positive_attention_mass
+from fot_jax.inference import MemoryInference
 
 
 class Context:
   """A loaded model and what every suite needs from it."""
 
   def __init__(self, checkpoint: str, config: ml_collections.ConfigDict, **overrides):
-    import fot_jax
-    from data_pipelines import vocab as vocab_lib
     self.path, self.config = checkpoint, config
-    self.model = fot_jax.from_pretrained(checkpoint, **overrides)  # e.g. mem_layers
+    self.model = from_pretrained(checkpoint, **overrides)  # e.g. mem_layers
     self.cfg, self.params = self.model.cfg, self.model.params
     self.window = int(config.window or self.model.window or 0)
     if not self.window:
@@ -82,13 +47,11 @@ class Context:
     vocab_lib.check_fits(self.vocab.vocab_size, self.cfg.vocab_size, f"vocabulary {spec}", checkpoint)
 
   def inference(self, mode=None):
-    from fot_jax.inference import MemoryInference
     c = self.config
     return MemoryInference(self.cfg, self.params, self.window, mode or c.mode, c.topk, c.chunk)
 
   def docs(self, need: int, n: int, wrap: bool = True, split: str = "") -> List[np.ndarray]:
     """n held-out documents of at least `need` tokens (`bos doc eos` when wrap), in stored order."""
-    from data_pipelines import pipeline, vocab as vocab_lib
     c = self.config
     split = split or c.split
     if c.task == "dictionary_lookup":  # the dict suite's task, documents straight from its generator
@@ -104,8 +67,6 @@ class Context:
                      f"{need} tokens, {n} are needed; lower the sizes or the document count")
 
   def texts(self, n: int) -> List[str]:
-    from data_pipelines import tasks
-    import tensorflow as tf
     c = self.config
     provider = tasks.get_provider(c.task)
     if tasks.TEXT not in provider.output_features:
@@ -116,14 +77,12 @@ class Context:
 
 
 def dict_task(c):
-  from data_pipelines.dictionary_lookup import DictionaryTask
   task = DictionaryTask(**c.dict.task.to_dict())
   task.validate()
   return task
 
 
 def run_ppl(ctx: Context) -> Dict:
-  from fot_jax.eval import perplexity
   p = ctx.config.ppl
   mems = [int(m) for m in p.memory_tokens]
   distract = int(p.distractor_tokens) if p.distractor_tokens >= 0 else max(mems)
@@ -137,7 +96,6 @@ def run_ppl(ctx: Context) -> Dict:
 
 
 def run_rd(ctx: Context) -> Dict:
-  from fot_jax.eval.rd import positive_attention_mass
   r = ctx.config.rd
   need = (int(r.context_windows) + 1) * ctx.window
   docs = ctx.docs(need, int(r.n_docs), wrap=ctx.config.task != "dictionary_lookup", split=r.split)
@@ -148,7 +106,6 @@ def run_rd(ctx: Context) -> Dict:
 
 
 def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
-  from fot_jax.eval import retrieval
   g = ctx.config[suite] if suite in ctx.config else ctx.config.niah
   return retrieval.grid(retrieval.InferenceModel(ctx.inference()), ctx.vocab, make_prompt, list(g.lengths),
                         retrieval.depth_list(g.depths), int(g.trials), int(ctx.config.seed), ctx.config.batch,
@@ -156,12 +113,10 @@ def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
 
 
 def run_passkey(ctx: Context) -> Dict:
-  from fot_jax.eval import passkey
   return _grid(ctx, "passkey", passkey.make_prompt_fn(ctx.vocab))
 
 
 def run_niah(ctx: Context) -> Dict:
-  from fot_jax.eval import niah
   hay = niah.Haystack(ctx.vocab, ctx.texts(int(ctx.config.niah.corpus_docs)))
   out = {"haystack_tokens": int(len(hay.ids)), "task": ctx.config.task}
   out["single"] = _grid(ctx, "niah", niah.make_prompt_fn(ctx.vocab, hay, 1))
@@ -171,8 +126,6 @@ def run_niah(ctx: Context) -> Dict:
 
 
 def run_dict(ctx: Context) -> Dict:
-  from fot_jax.eval import dictionary
-  from fot_jax.eval.effective_length import effective_length
   d = ctx.config.dict
   task = dict_task(ctx.config)
   mems = [int(m) for m in d.memory_tokens]
@@ -194,14 +147,12 @@ def run_dict(ctx: Context) -> Dict:
 
 
 def run_ruler(ctx: Context) -> Dict:
-  from fot_jax.eval import ruler
   r = ctx.config.ruler
   return ruler.evaluate(ctx.inference(), ctx.vocab, list(r.tasks), [int(x) for x in r.lengths], int(r.trials),
                         int(ctx.config.seed), float(r.threshold), ctx.config.batch, ctx.name)
 
 
 def run_heads(ctx: Context) -> Dict:
-  from fot_jax.eval import heads
   return heads.run_heads(ctx)
 
 
@@ -212,7 +163,6 @@ RUNNERS = {"ppl": run_ppl, "rd": run_rd, "passkey": run_passkey, "niah": run_nia
 def run(checkpoint: str, suites: List[str], workdir: str, config: ml_collections.ConfigDict,
         name: str = "", **overrides) -> Dict[str, Dict]:
   """overrides: ModelConfig fields over the checkpoint's (e.g. mem_layers=(8, 16, 24))."""
-  from fot_jax.eval import report
   unknown = [s for s in suites if s not in RUNNERS]
   if unknown:
     raise ValueError(f"--suite: unknown suite(s) {unknown}; known: {', '.join(SUITES)}")

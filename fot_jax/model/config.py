@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, NamedTuple, Optional, Tuple
 
 from fot_jax.model import position_strategies, rope
 
@@ -11,6 +11,21 @@ ATTENTION_IMPLS = ("dense", "blockwise", "fused")
 CONTEXT_PARALLEL = ("ring", "allgather", "ulysses")  # fot_jax.model.context_parallel
 CONTEXT_LAYOUTS = ("contiguous", "striped", "zigzag")
 REMAT_POLICIES = ("full", "dots")  # fot_jax/model/llama.py: what a remat layer saves
+
+
+class BlockSpec(NamedTuple):
+  """'blocks' mode (docs/block_memory.md): memory in blocks of block_size slots, each represented
+  by block_reps of its keys; a window's queries attend to the block_topk best blocks. The model
+  takes it as mem_topk (a hashable tuple: static under jit and remat)."""
+  block_size: int = 128
+  block_reps: int = 16  # InfLLM uses 4 (chosen by attention received); 16 measured better here
+  block_topk: int = 8
+
+  def checked(self) -> "BlockSpec":
+    for name, value in self._asdict().items():
+      if value <= 0 or int(value) != value:
+        raise ValueError(f"inference.{name}: must be a positive integer, got {value!r}")
+    return BlockSpec(*map(int, self))  # NumPy integers hash as the same static argument
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import NamedTuple, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
+from fot_jax.model.config import BlockSpec  # kept with the configs: read without importing jax
+
 NEG = -1e30  # finite "minus infinity" keeps fully masked blocks NaN-free
 MEMORY_MODES = ("dense", "topk", "approx_topk", "blocks")
 
@@ -126,21 +128,6 @@ def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int,
     (best_s, best_v), _ = jax.lax.scan(body, (best_s, best_v), (ks, vs, ms))
   live = best_s > NEG / 2
   return block_partial(best_s, live, best_v)
-
-
-class BlockSpec(NamedTuple):
-  """'blocks' mode (docs/block_memory.md): memory in blocks of block_size slots, each represented
-  by block_reps of its keys; a window's queries attend to the block_topk best blocks. The model
-  takes it as mem_topk (a hashable tuple: static under jit and remat)."""
-  block_size: int = 128
-  block_reps: int = 16  # InfLLM uses 4 (chosen by attention received); 16 measured better here
-  block_topk: int = 8
-
-  def checked(self) -> "BlockSpec":
-    for name, value in self._asdict().items():
-      if value <= 0 or int(value) != value:
-        raise ValueError(f"inference.{name}: must be a positive integer, got {value!r}")
-    return BlockSpec(*map(int, self))  # NumPy integers hash as the same static argument
 
 
 def block_spec(topk) -> BlockSpec:

@@ -1,0 +1,79 @@
+"""python -m fot_jax.study --config=experiments/study_*.py[:METHOD,METHOD] --workdir=W
+
+The study file is loaded and checked (fot_jax.study.config.check_config) before JAX or TensorFlow
+is imported, so a bad input ends in one line `fot_jax.study: ...`, exit status 2, at once."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from fot_jax import cli  # noqa: E402
+from fot_jax.study.config import check_config  # noqa: E402
+
+
+PROG = "fot_jax.study"
+
+
+def _config_arg(argv) -> str:
+  """The --config value on the command line ('' if none)."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a[len("--config="):]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return ""
+
+
+def parse_flags(argv):
+  """absl's flag parsing, where loading the study file happens (ml_collections), with one line for
+  a failure: a flag error, or the study file raising (e.g. `--config=FILE:ARG` naming an argument
+  its get_config() does not know). FOT_JAX_TRACEBACK=1 keeps the traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - only flag parsing and the study file's own code run here
+    if os.environ.get("FOT_JAX_TRACEBACK"):
+      raise
+    if isinstance(e, flags.Error):  # the study file's TypeError / ValueError come wrapped, with its traceback
+      lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+      text = lines[0] + (" " + lines[-1] if len(lines) > 1 else "")
+    else:
+      text = f"--config={_config_arg(argv)}: loading the study file raised {type(e).__name__}: {e}"
+    if "get_config() takes 0 positional arguments" in text:
+      text += f"; {_config_arg(argv).split(':', 1)[0]} takes no ':ARG' after its path"
+    cli.fail(PROG, text)
+
+
+def main(argv):
+  logging.set_verbosity(logging.WARNING)
+  f = flags.FLAGS
+  with cli.expected_errors(PROG):
+    if len(argv) > 1:
+      raise ValueError(f"unexpected arguments {argv[1:]}")
+    spec = config_flags.get_config_filename(f["config"]) if f["config"].present else ""
+    path = spec.split(":", 1)[0]  # FILE or FILE:ARG (ARG goes to get_config)
+    if not path or not f.workdir:
+      raise ValueError("--config=experiments/study_*.py and --workdir=DIR are required")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"--config: no study file at {path}")
+    config = f.config
+    try:
+      getattr(config, "methods", None)  # ml_collections defers a study file's own IOError to here
+    except OSError as e:
+      raise ValueError(f"--config={spec}: the study file failed to load: {e}") from None
+    try:
+      check_config(config)
+    except ValueError as e:
+      raise ValueError(f"{spec}: {e}") from None
+    # the run loads JAX and TensorFlow (seconds): only once the study file has passed its checks
+    from fot_jax.study.run import run
+    run(config, f.workdir)
+
+
+if __name__ == "__main__":
+  config_flags.DEFINE_config_file("config", None, "Study file (one get_config()).")
+  flags.DEFINE_string("workdir", None, "Where the base, per-method results, table and figures go.")
+  app.run(main, flags_parser=parse_flags)
