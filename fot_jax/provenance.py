@@ -1,6 +1,6 @@
 """Where a result came from: the code's commit, the machine and the package versions.
 
-Results JSON record this (`provenance`), so a figure quoted in the README can be traced to the
+Results JSON record this (`provenance`), so a figure quoted in docs/results.md or the README can be traced to the
 commit and the kind of machine that produced it (docs/demo_figures.py prints it next to the
 figures). Nothing here fails: a field that cannot be read is None.
 """

@@ -2,7 +2,7 @@
 
 fot_jax's RoPE uses the HF "rotate half" layout, so a weight converts by a
 rename, plus a transpose for linear layers (HF stores [out, in], Flax [in, out]).
-LongLLaMA's config fields map to ModelConfig as follows (see README):
+LongLLaMA's config fields map to ModelConfig as follows (see docs/interop.md):
   mem_layers -> mem_layers (0-based in both), mem_positionals True/False ->
   mem_positions 'first'/'none', max_position_embeddings -> the inference window.
 RoPE scaling (rope_scaling / rope_parameters) -> ModelConfig.rope_scaling: rope_from_hf,
