@@ -21,6 +21,7 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
+from fot_jax.settings import OptimSettings
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -108,11 +109,7 @@ def validate(config, check_data: bool = True) -> None:
                      f"({task.vocab_size} tokens); raise model.overrides.vocab_size")
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
-  opt = config.optim
-  if float(opt.lr) <= 0:
-    raise ValueError(f"optim.lr: must be positive, got {opt.lr}")
-  if opt.schedule not in ("constant", "cosine"):
-    raise ValueError(f"optim.schedule: must be 'constant' or 'cosine', got {opt.schedule!r}")
+  OptimSettings.from_dict(config.optim, "optim")
   for arm in ("fot", "baseline"):
     a = config[arm]
     if a.window <= 0 or task.doc_len % a.window:
@@ -193,10 +190,7 @@ def validate_lm(config, check_data: bool = True) -> None:
   for field in ("slots", "windows_per_slot", "window"):
     if int(d[field]) <= 0:
       raise ValueError(f"data.{field}: must be positive, got {d[field]}")
-  if float(config.optim.lr) <= 0:
-    raise ValueError(f"optim.lr: must be positive, got {config.optim.lr}")
-  if config.optim.schedule not in ("constant", "cosine"):
-    raise ValueError(f"optim.schedule: must be 'constant' or 'cosine', got {config.optim.schedule!r}")
+  OptimSettings.from_dict(config.optim, "optim")
   rows, _, accum, sched = train_shape(config)
   k = int(d.windows_per_slot)
   if sched.pack not in (1, k):

@@ -10,6 +10,7 @@ from typing import Dict, List
 import numpy as np
 
 from fot_jax.model.config import BlockSpec
+from fot_jax.settings import OptimSettings
 
 INFERENCE_PATHS = ("plain", "memory")
 SUITES = ("ppl", "passkey", "niah", "rd")
@@ -127,12 +128,8 @@ def finetune_settings(config, method: Dict):
       raise ValueError(f"study method {name!r}: finetune.{f} must be a positive integer, got {s.get(f)!r}")
   if not s.get("task"):
     raise ValueError(f"study method {name!r}: finetune.task must name the training data (a SeqIO task)")
-  if float(optim.get("lr", 0)) <= 0:
-    raise ValueError(f"study method {name!r}: finetune.optim.lr must be positive, got {optim.get('lr')!r}")
-  if optim.get("schedule", "constant") not in ("constant", "cosine"):
-    raise ValueError(f"study method {name!r}: finetune.optim.schedule must be 'constant' or 'cosine', "
-                     f"got {optim['schedule']!r}")
   optim.setdefault("total_steps", s["steps"])
+  OptimSettings.from_dict(optim, f"study method {name!r}: finetune.optim")
   if method.get("inference", "plain") == "plain":
     s.pop("crossbatch", None)
   elif not s.get("crossbatch"):

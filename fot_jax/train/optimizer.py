@@ -18,27 +18,24 @@ from flax import traverse_util
 
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.init import init_params
+from fot_jax.settings import OptimSettings
 
 
 def make_optimizer(opt) -> optax.GradientTransformation:
-  """opt: lr, warmup_steps, schedule ('constant'|'cosine'), total_steps, weight_decay, clip_norm, b1, b2."""
-  warmup = int(opt.get("warmup_steps", 0))
-  lr = float(opt["lr"])
-  kind = opt.get("schedule", "constant")
-  if kind == "constant":
+  """opt: an OptimSettings, or a dict of its fields (read by OptimSettings.from_dict)."""
+  opt = OptimSettings.from_dict(opt)
+  lr, warmup = opt.lr, opt.warmup_steps
+  if opt.schedule == "constant":
     sched = optax.join_schedules([optax.linear_schedule(0.0, lr, max(warmup, 1)), optax.constant_schedule(lr)],
                                  [max(warmup, 1)]) if warmup else optax.constant_schedule(lr)
-  elif kind == "cosine":
+  else:  # cosine
     warm = max(warmup, 1)  # optax needs a warmup of at least one step and a decay after it
-    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warm, max(int(opt["total_steps"]), warm + 1),
-                                               end_value=lr * float(opt.get("final_lr_fraction", 0.1)))
-  else:
-    raise ValueError(f"optim.schedule: must be 'constant' or 'cosine', got {kind!r}")
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warm, max(opt.total_steps, warm + 1),
+                                               end_value=lr * opt.final_lr_fraction)
   chain = []
-  if opt.get("clip_norm"):
-    chain.append(optax.clip_by_global_norm(float(opt["clip_norm"])))
-  chain.append(optax.adamw(sched, b1=float(opt.get("b1", 0.9)), b2=float(opt.get("b2", 0.95)),
-                           weight_decay=float(opt.get("weight_decay", 0.0))))
+  if opt.clip_norm:
+    chain.append(optax.clip_by_global_norm(opt.clip_norm))
+  chain.append(optax.adamw(sched, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay))
   return optax.chain(*chain)
 
 

@@ -1,0 +1,71 @@
+"""fot_jax/settings.py: each typed section is read by one validator, whose errors name the field, and
+the objects it returns drive the code below (here: the optimiser make_optimizer builds)."""
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments import dictionary_lookup
+from fot_jax import configs
+from fot_jax.settings import OptimSettings
+from fot_jax.study import config as study_config
+from fot_jax.train import make_optimizer
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"lr": 0.0}, r"optim\.lr: must be positive"),
+    ({"lr": 1e-3, "schedule": "linear"}, r"optim\.schedule: must be 'constant' or 'cosine'"),
+    ({"lr": 1e-3, "warmup_steps": -1}, r"optim\.warmup_steps: must not be negative"),
+    ({"lr": 1e-3, "warmup_steps": 2.5}, r"optim\.warmup_steps: must be an integer"),
+    ({"lr": 1e-3, "b2": 1.0}, r"optim\.b2: must be in \[0, 1\)"),
+    ({"lr": "fast"}, r"optim\.lr: must be a number"),
+    ({"lr": 1e-3, "momentum": 0.9}, r"optim: unknown field\(s\) \['momentum'\]"),
+    ({"schedule": "constant"}, r"optim\.lr: required"),
+])
+def test_optim_settings_name_the_bad_field(fields, message):
+  with pytest.raises(ValueError, match=message):
+    OptimSettings.from_dict(fields)
+
+
+def test_every_reader_of_optim_settings_is_the_one_validator():
+  """An experiment's c.optim, a study's finetune.optim and make_optimizer refuse the same bad value
+  with the same words, each naming where it sits."""
+  config = dictionary_lookup.get_config()
+  config.optim.b1 = 1.5
+  with pytest.raises(ValueError, match=r"^optim\.b1: must be in \[0, 1\)"):
+    configs.validate(config)
+  study = ml_collections.ConfigDict({"finetune": {"steps": 2, "length": 64, "slots": 2, "task": "stdlib",
+                                             "optim": {"lr": 1e-3, "b1": 1.5}}})
+  with pytest.raises(ValueError, match=r"^study method 'm': finetune\.optim\.b1: must be in \[0, 1\)"):
+    study_config.finetune_settings(study, {"name": "m", "finetune": True})
+  with pytest.raises(ValueError, match=r"^optim\.b1: must be in \[0, 1\)"):
+    make_optimizer({"lr": 1e-3, "b1": 1.5})
+
+
+def test_make_optimizer_reads_the_settings_it_is_given():
+  """A dict and its OptimSettings build the same optimiser: the same updates, step by step, for
+  AdamW with warm-up, cosine decay, weight decay and clipping (against a NumPy AdamW)."""
+  fields = {"lr": 0.1, "schedule": "cosine", "warmup_steps": 2, "total_steps": 6, "final_lr_fraction": 0.1,
+            "weight_decay": 0.01, "clip_norm": 0.5, "b1": 0.8, "b2": 0.9}
+  s = OptimSettings.from_dict(fields)
+  params = {"w": jnp.asarray([1.0, -2.0, 3.0])}
+  grads = [{"w": jnp.asarray(g)} for g in ([0.3, -0.4, 1.2], [0.1, 0.2, -0.3], [-0.5, 0.5, 0.5])]
+  got = []
+  for opt in (make_optimizer(fields), make_optimizer(s)):
+    state, p, out = opt.init(params), params, []
+    for g in grads:
+      upd, state = opt.update(g, state, p)
+      p = {"w": p["w"] + upd["w"]}
+      out.append(np.asarray(p["w"]))
+    got.append(out)
+  np.testing.assert_array_equal(np.stack(got[0]), np.stack(got[1]))
+  # NumPy AdamW: clip by global norm, bias-corrected moments, decoupled weight decay, the schedule's lr
+  w, m, v = np.array([1.0, -2.0, 3.0]), np.zeros(3), np.zeros(3)
+  for t, g in enumerate(grads, start=1):
+    g = np.asarray(g["w"], np.float64)
+    g = g * min(1.0, 0.5 / np.linalg.norm(g))
+    m, v = 0.8 * m + 0.2 * g, 0.9 * v + 0.1 * g * g
+    step = t - 1  # optax evaluates the schedule at the count before the update
+    lr = 0.1 * step / 2 if step < 2 else 0.01 + 0.5 * (0.1 - 0.01) * (1 + np.cos(np.pi * (step - 2) / 4))
+    w = w - lr * ((m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.9 ** t)) + 1e-8) + 0.01 * w)
+    np.testing.assert_allclose(got[0][t - 1], w, rtol=1e-5, atol=1e-6)
