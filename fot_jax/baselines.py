@@ -125,7 +125,7 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
                   arm_schedule(arm, fot_run["phases"], fot_run["steps_run"], k, b))
       layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (lm_runs.lm_copy_warmup)
       feeds = {task: lm_runs.lm_feed(seeded, task, layout) for task in set(schedule.tasks())}
-      out = runs.train_arm(cfg, lm_runs.lm_train_cfg(seeded), name, schedule,
+      out = runs.train_arm(cfg, configs.train_settings(seeded), name, schedule,
                             feeds[None] if list(feeds) == [None] else feeds, arm_dir, train,
                             config.data.vocab, config.data.window, lm_runs.lm_run_fields(seeded))
       if arm == "fot":

@@ -21,7 +21,7 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import OptimSettings
+from fot_jax.settings import TrainSettings
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -35,6 +35,21 @@ def _plain(x):
 def model_config(config) -> ModelConfig:
   overrides = _plain(config.model.get("overrides", {}))
   return ModelConfig.from_dict(overrides, "model.overrides", base=get_size(config.model.size))
+
+
+def train_settings(config, arm: str = "fot", seed=None, steps=None) -> TrainSettings:
+  """A training run's settings from the experiment's sections: an LM experiment's `train` and `optim`
+  (every arm the same), or a dictionary-lookup arm's (`fot` / `baseline`) and `optim`; `seed` and
+  `steps` override the configured ones (extra seeds; the baseline, which has no `steps`, runs FoT's)."""
+  lm = config.experiment in LM_EXPERIMENTS
+  t = config.train if lm else config[arm]
+  fields = {"steps": t.get("steps", 0) if steps is None else steps, "seed": config.seed if seed is None else seed,
+            "loss_on": t.get("loss_on", "all"), "accum_steps": t.get("accum_steps", 1), "log_every": t.log_every,
+            "checkpoint_every": t.checkpoint_every, "optim": config.optim, "mesh": config.get("mesh"),
+            "crossbatch_scope": t.get("crossbatch_scope", "batch")}
+  if lm:
+    fields.update(init_from=t.get("init_from"), trainable=t.get("trainable"))
+  return TrainSettings.from_dict(fields, "train" if lm else arm)
 
 
 def dictionary_task(config) -> DictionaryTask:
@@ -109,8 +124,8 @@ def validate(config, check_data: bool = True) -> None:
                      f"({task.vocab_size} tokens); raise model.overrides.vocab_size")
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
-  OptimSettings.from_dict(config.optim, "optim")
   for arm in ("fot", "baseline"):
+    train_settings(config, arm)
     a = config[arm]
     if a.window <= 0 or task.doc_len % a.window:
       raise ValueError(f"{arm}.window={a.window} must divide the document length {task.doc_len}")
@@ -190,7 +205,7 @@ def validate_lm(config, check_data: bool = True) -> None:
   for field in ("slots", "windows_per_slot", "window"):
     if int(d[field]) <= 0:
       raise ValueError(f"data.{field}: must be positive, got {d[field]}")
-  OptimSettings.from_dict(config.optim, "optim")
+  train_settings(config)
   rows, _, accum, sched = train_shape(config)
   k = int(d.windows_per_slot)
   if sched.pack not in (1, k):

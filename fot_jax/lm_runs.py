@@ -17,15 +17,7 @@ from fot_jax import configs, provenance
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import perplexity
 from fot_jax.inference import MemoryInference
-from fot_jax.runs import plot_curves, save_and_tabulate, train_arm, baseline_schedule
-
-
-def lm_train_cfg(config):
-  t = config.train
-  return {"steps": t.steps, "seed": config.seed, "loss_on": t.loss_on, "accum_steps": t.accum_steps,
-          "log_every": t.log_every, "checkpoint_every": t.checkpoint_every, "optim": config.optim.to_dict(),
-          "init_from": t.get("init_from"), "mesh": config.get("mesh"),
-          "crossbatch_scope": t.get("crossbatch_scope", "batch"), "trainable": _trainable_spec(t.get("trainable"))}
+from fot_jax.runs import baseline_schedule, plot_curves, save_and_tabulate, train_arm
 
 
 def lm_run_fields(config) -> dict:
@@ -36,11 +28,6 @@ def lm_run_fields(config) -> dict:
   if config.get("warmup") is not None:
     fields["warmup"] = config.warmup.to_dict()
   return fields
-
-
-def _trainable_spec(spec):
-  """train.trainable as plain Python (a ConfigDict field may hold a tuple or a FieldReference)."""
-  return spec if spec is None or isinstance(spec, str) else [str(x) for x in spec]
 
 
 def lm_eval_docs(config, vocab, need: int):
@@ -114,7 +101,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
       feeds = {task: lm_feed(config, task, name) for task in set(schedule.tasks())}
     except ValueError as e:  # missing data, empty source, bad vocabulary: one line (fot_jax.cli), no traceback
       raise ValueError(f"data error: {e}") from e
-    trained[name] = train_arm(cfg, lm_train_cfg(config), name, schedule,
+    trained[name] = train_arm(cfg, configs.train_settings(config), name, schedule,
                                feeds[None] if list(feeds) == [None] else feeds, os.path.join(workdir, name), train,
                                config.data.vocab, config.data.window, lm_run_fields(config))
     report = {str(task or config.data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}

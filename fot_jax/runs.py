@@ -12,17 +12,10 @@ from data_pipelines.copy_task import CopyBatches, CopyTask
 from data_pipelines.dictionary_lookup import DictionaryBatches
 from fot_jax import configs, jsonio, provenance
 from fot_jax.curriculum import Schedule
+from fot_jax.settings import TrainSettings
 from fot_jax.eval import dictionary
 from fot_jax.eval.rd import positive_attention_mass
 from fot_jax.train import NoCheckpoint, train
-
-
-def _arm_train_cfg(config, arm, seed, steps):
-  a = config[arm]
-  return {"steps": steps, "seed": seed, "loss_on": a.get("loss_on", "all"),
-          "accum_steps": a.get("accum_steps", 1), "log_every": a.log_every,
-          "checkpoint_every": a.checkpoint_every, "optim": config.optim.to_dict(),
-          "mesh": config.get("mesh"), "crossbatch_scope": a.get("crossbatch_scope", "batch")}
 
 
 def _dictionary_run_fields(config, arm: str) -> dict:
@@ -81,13 +74,13 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
   for seed in seeds:
     name = "fot" if seed == seeds[0] else f"fot_seed{seed}"
     schedule = Schedule(config.fot.curriculum)
-    trained[name] = train_arm(cfg, _arm_train_cfg(config, "fot", seed, config.fot.steps), name, schedule,
+    trained[name] = train_arm(cfg, configs.train_settings(config, "fot", seed), name, schedule,
                                _dictionary_feeds(config, task, "fot", seed, schedule), os.path.join(workdir, name),
                                train, "dictionary_lookup", config.fot.window, _dictionary_run_fields(config, "fot"))
   if config.baseline.enabled:
     steps_run = trained["fot"]["steps_run"]
     schedule = baseline_schedule(trained["fot"]["phases"], steps_run)
-    trained["baseline"] = train_arm(cfg, _arm_train_cfg(config, "baseline", seeds[0], steps_run), "baseline",
+    trained["baseline"] = train_arm(cfg, configs.train_settings(config, "baseline", seeds[0], steps_run), "baseline",
                                      schedule, _dictionary_feeds(config, task, "baseline", seeds[0], schedule),
                                      os.path.join(workdir, "baseline"), train, "dictionary_lookup",
                                      config.baseline.window, _dictionary_run_fields(config, "baseline"))
@@ -140,7 +133,7 @@ def _dictionary_rd(config, cfg, task, trained):
           for name in ("fot", "baseline") if name in trained}
 
 
-def train_arm(cfg, tc, name, schedule, batches, workdir, do_train, vocab, window: int, run_fields: dict):
+def train_arm(cfg, tc: TrainSettings, name, schedule, batches, workdir, do_train, vocab, window: int, run_fields: dict):
   """Trains (or resumes) one arm in its workdir; do_train=False (--mode=evaluate) restores its
   latest checkpoint and trains nothing, refusing a workdir with no restorable step."""
   vocab = os.path.abspath(vocab) if os.path.isfile(vocab) else vocab  # evaluation finds it from anywhere

@@ -4,11 +4,15 @@ entry points and the study's config checks use it before anything heavy loads.
 
   OptimSettings  `c.optim` of an experiment, `finetune.optim` of a study: AdamW with a constant or
                  cosine learning-rate schedule (fot_jax.train.make_optimizer builds it).
+  TrainSettings  one training run (fot_jax.train.train takes it): steps, optimiser, seed, scoring,
+                 accumulation, cadences, init_from, mesh, crossbatch scope, trainable parameters;
+                 each runner builds it from its experiment's sections (runs, lm_runs, the study).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+import json
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 SCHEDULES = ("constant", "cosine")
 
@@ -63,3 +67,67 @@ class OptimSettings:
       if not 0 <= getattr(s, name) < 1:
         raise ValueError(f"{where}.{name}: must be in [0, 1), got {getattr(s, name)}")
     return s
+
+
+LOSS_ON = ("all", "last")
+CROSSBATCH_SCOPES = ("batch", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """One training run's settings (fot_jax.train.train): steps, the optimiser, seed, loss_on ('all'
+  rows scored, or only each pack's 'last' window), accum_steps (gradient accumulation; never splits
+  a pack), log_every, checkpoint_every (0: at the end only), tensorboard, init_from (an fot_jax
+  checkpoint to start from; '' none), mesh (parallel.make_mesh's sizes and rules as a dict; None: data
+  parallel over all devices), crossbatch_scope ('batch': negatives from any row of the global batch,
+  'device': only from rows on the same device), trainable (resolve_trainable's patterns; None: all)."""
+  steps: int
+  optim: OptimSettings
+  seed: int = 0
+  loss_on: str = "all"
+  accum_steps: int = 1
+  log_every: int = 10
+  checkpoint_every: int = 0
+  tensorboard: bool = True
+  init_from: str = ""
+  mesh: Optional[Dict[str, Any]] = None
+  crossbatch_scope: str = "batch"
+  trainable: Optional[Tuple[str, ...]] = None
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], where: str = "train") -> "TrainSettings":
+    """The one reader of a run's train settings (`optim` read by OptimSettings); errors name the field."""
+    if isinstance(d, TrainSettings):
+      return d
+    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {known}")
+    for name in ("steps", "optim"):
+      if name not in d:
+        raise ValueError(f"{where}.{name}: required")
+    out = {"optim": OptimSettings.from_dict(d["optim"], "optim")}
+    for name, least in (("steps", 0), ("seed", None), ("accum_steps", 1), ("log_every", 1), ("checkpoint_every", 0)):
+      if name in d:
+        out[name] = _number(d[name], f"{where}.{name}", int)
+        if least is not None and out[name] < least:
+          raise ValueError(f"{where}.{name}: must be at least {least}, got {out[name]}")
+    for name, choices in (("loss_on", LOSS_ON), ("crossbatch_scope", CROSSBATCH_SCOPES)):
+      if name in d and d[name] not in choices:
+        raise ValueError(f"{where}.{name}: must be one of {choices}, got {d[name]!r}")
+      out[name] = d.get(name, getattr(cls, name))
+    if "tensorboard" in d:
+      out["tensorboard"] = bool(d["tensorboard"])
+    out["init_from"] = str(d.get("init_from") or "")
+    mesh = d.get("mesh")
+    out["mesh"] = dict(mesh.to_dict() if hasattr(mesh, "to_dict") else mesh) if mesh else None
+    trainable = d.get("trainable")
+    if trainable is not None and not isinstance(trainable, str):
+      trainable = tuple(str(x) for x in trainable)
+    out["trainable"] = trainable
+    return cls(**out)
+
+  def to_dict(self) -> Dict[str, Any]:
+    """Every field, the optimiser's too, as JSON would hold them (the run's fingerprint)."""
+    return json.loads(json.dumps(dataclasses.asdict(self)))

@@ -7,7 +7,7 @@ import pytest
 
 from experiments import dictionary_lookup
 from fot_jax import configs
-from fot_jax.settings import OptimSettings
+from fot_jax.settings import OptimSettings, TrainSettings
 from fot_jax.study import config as study_config
 from fot_jax.train import make_optimizer
 
@@ -25,6 +25,30 @@ from fot_jax.train import make_optimizer
 def test_optim_settings_name_the_bad_field(fields, message):
   with pytest.raises(ValueError, match=message):
     OptimSettings.from_dict(fields)
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"loss_on": "first"}, r"fot\.loss_on: must be one of \('all', 'last'\)"),
+    ({"crossbatch_scope": "host"}, r"fot\.crossbatch_scope: must be one of \('batch', 'device'\)"),
+    ({"accum_steps": 0}, r"fot\.accum_steps: must be at least 1"),
+    ({"steps": -1}, r"fot\.steps: must be at least 0"),
+    ({"shuffle": True}, r"fot: unknown field\(s\) \['shuffle'\]"),
+])
+def test_train_settings_name_the_bad_field(fields, message):
+  with pytest.raises(ValueError, match=message):
+    TrainSettings.from_dict(dict({"steps": 3, "optim": {"lr": 1e-3}}, **fields), "fot")
+
+
+def test_train_settings_of_an_experiment_are_read_once_from_its_sections():
+  """configs.train_settings: the dictionary arms' and an LM run's settings, typed; validate() fails on
+  a bad one naming the section it sits in."""
+  config = dictionary_lookup.get_config()
+  fot, base = configs.train_settings(config, "fot"), configs.train_settings(config, "baseline", 3, 7)
+  assert (fot.steps, fot.seed, fot.loss_on, fot.optim.lr) == (config.fot.steps, 0, "last", config.optim.lr)
+  assert (base.steps, base.seed, base.loss_on) == (7, 3, config.baseline.get("loss_on", "all"))
+  config.baseline.crossbatch_scope = "host"
+  with pytest.raises(ValueError, match=r"^baseline\.crossbatch_scope"):
+    configs.validate(config)
 
 
 def test_every_reader_of_optim_settings_is_the_one_validator():
@@ -69,3 +93,23 @@ def test_make_optimizer_reads_the_settings_it_is_given():
     lr = 0.1 * step / 2 if step < 2 else 0.01 + 0.5 * (0.1 - 0.01) * (1 + np.cos(np.pi * (step - 2) / 4))
     w = w - lr * ((m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.9 ** t)) + 1e-8) + 0.01 * w)
     np.testing.assert_allclose(got[0][t - 1], w, rtol=1e-5, atol=1e-6)
+
+
+def test_fingerprints_recorded_before_the_typed_settings_still_match():
+  """Older code recorded the train and optim dicts its caller gave (fields left out, init_from None);
+  the typed settings record every field. Defaults the old record lacks and unset values that differ
+  only in kind change nothing; a value that differs from the recorded one is still refused."""
+  from fot_jax.curriculum import Schedule
+  from fot_jax.model.config import get_size
+  from fot_jax.train import fingerprint_differences, run_fingerprint
+  cfg, sched = get_size("tiny"), Schedule({"kind": "constant", "spec": {"d": 2, "w": 1}})
+  old_tc = {"steps": 10, "seed": 0, "loss_on": "all", "log_every": 5, "checkpoint_every": 0, "init_from": None,
+            "trainable": [], "optim": {"lr": 1e-3, "schedule": "cosine", "total_steps": 10, "b1": 0.8}}
+  old = run_fingerprint(cfg, old_tc, sched)
+  old["train"] = {k: v for k, v in old_tc.items() if k != "optim"}  # as older code wrote it
+  old["optim"] = dict(old_tc["optim"])
+  same = dict(old_tc, init_from="", trainable=None)
+  assert fingerprint_differences(old, run_fingerprint(cfg, same, sched)) == []
+  changed = dict(old_tc, optim={"lr": 1e-3, "schedule": "cosine", "total_steps": 10}, accum_steps=2)
+  diffs = {f for f, _, _ in fingerprint_differences(old, run_fingerprint(cfg, changed, sched))}
+  assert diffs == {"optim.b1", "train.accum_steps"}  # b1 back to its default 0.9: a change all the same

@@ -15,6 +15,7 @@ from fot_jax import checkpoint, crossbatch
 from fot_jax.curriculum import Schedule
 from fot_jax.jsonio import read_json, write_json
 from fot_jax.model.init import init_params
+from fot_jax.settings import TrainSettings
 from fot_jax.study.config import crossbatch_curriculum, finetune_settings, method_spec
 from fot_jax.study.methods import method_context
 from fot_jax.train import train
@@ -87,9 +88,9 @@ def finetune_method(base, method: Dict, config, workdir: str):
   os.makedirs(out_dir, exist_ok=True)
   write_json(record_path, dict(prev, **record))
   batches = finetune_batches(base, name, s, window, k)
-  tc = {"steps": s["steps"], "seed": int(s["seed"]), "loss_on": "all", "optim": s["optim"],
-        "log_every": int(s["log_every"]), "checkpoint_every": int(s["checkpoint_every"]),
-        "tensorboard": bool(s["tensorboard"])}
+  tc = TrainSettings.from_dict(
+      {"steps": s["steps"], "seed": s["seed"], "loss_on": "all", "optim": s["optim"], "log_every": s["log_every"],
+       "checkpoint_every": s["checkpoint_every"], "tensorboard": s["tensorboard"]}, f"study method {name!r}: finetune")
   # the base's parameters in the dtypes training keeps (an imported checkpoint may store bf16)
   abstract = jax.eval_shape(lambda: init_params(ctx.cfg, 0))
   init = jax.tree_util.tree_map(lambda x, a: np.asarray(x, a.dtype), base.params, abstract)

@@ -15,6 +15,7 @@ import numpy as np
 from fot_jax import jsonio
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig
+from fot_jax.settings import OptimSettings, TrainSettings
 
 
 RUN_FINGERPRINT = "run_fingerprint.json"
@@ -57,14 +58,18 @@ def run_fingerprint(model_cfg: ModelConfig, train_cfg, schedule: Schedule, run_f
   """The fields that define a run, in groups: model (every ModelConfig field), optim, train (the
   train config but optim), curriculum (the schedule's config), and the caller's `run_fields`
   (the data settings; a group given there replaces the derived one of that name)."""
-  tc = dict(train_cfg)
-  groups = {"model": dataclasses.asdict(model_cfg), "optim": tc.pop("optim", {}), "train": tc,
+  tc = TrainSettings.from_dict(train_cfg).to_dict()
+  groups = {"model": dataclasses.asdict(model_cfg), "optim": tc.pop("optim"), "train": tc,
             "curriculum": schedule.cfg}
   groups.update(run_fields or {})
   return _plain_json(groups)
 
 
 _UNSET = "(unset)"
+
+
+def _unset(value) -> bool:
+  return value is None or value is False or value in ("", [], {})
 
 
 def _leaf_differences(old, new, path):
@@ -75,14 +80,18 @@ def _leaf_differences(old, new, path):
     return out
   if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
     return [d for i, (a, b) in enumerate(zip(old, new)) for d in _leaf_differences(a, b, f"{path}[{i}]")]
-  return [] if old == new else [(path, old, new)]
+  return [] if old == new or (_unset(old) and _unset(new)) else [(path, old, new)]
 
 
 def fingerprint_differences(old: dict, new: dict):
   """[(field, old value, new value)] of the run-defining fields that differ (RESUMABLE_FIELDS
   left out). A field the old fingerprint lacks (newer code) counts only if its new value is
-  not its default (empty, or ModelConfig's default); a field the new one lacks is not compared."""
-  defaults = _plain_json({f.name: f.default for f in dataclasses.fields(ModelConfig)})
+  not its default (empty, or the default of ModelConfig, OptimSettings or TrainSettings: older code
+  recorded only the fields its caller gave); a field the new one lacks is not compared. Unset
+  values (None, '', [], {}, False) are equal to each other."""
+  defaults = {group: _plain_json({f.name: f.default for f in dataclasses.fields(cls)
+                                  if f.default is not dataclasses.MISSING})
+              for group, cls in (("model", ModelConfig), ("optim", OptimSettings), ("train", TrainSettings))}
   out = []
   for group in sorted(new):
     old_g, new_g = old.get(group, {}), new[group]
@@ -95,9 +104,7 @@ def fingerprint_differences(old: dict, new: dict):
         continue
       if field not in old_g:  # recorded by older code: a new field at its default changes nothing
         value = new_g[field]
-        if value is None or value is False or value in ("", [], {}):
-          continue
-        if group == "model" and defaults.get(field, _UNSET) == value:
+        if _unset(value) or defaults.get(group, {}).get(field, _UNSET) == value:
           continue
       out += _leaf_differences(old_g.get(field, _UNSET), new_g[field], name)
   return out

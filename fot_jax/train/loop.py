@@ -19,6 +19,7 @@ from fot_jax import recurrent as recurrent_lib
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig
 from fot_jax.recurrent import RecurrentSpec
+from fot_jax.settings import TrainSettings
 from fot_jax.train.checkpoints import (NoCheckpoint, checkpoint_manager, describe_folder, orbax_logs_off,
                                        params_from_checkpoint, restore_step, saved_carry_target)
 from fot_jax.train.fingerprint import check_run_fingerprint, run_fingerprint
@@ -129,13 +130,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
           init_params_tree=None, model_meta=None, run_fields=None, restore_only: bool = False) -> Dict[str, Any]:
   """Runs (or resumes) training; returns {'params', 'history', 'steps', 'seconds', 'phases'}.
 
-  train_cfg: steps, seed, loss_on ('all'|'last'), accum_steps, log_every,
-  checkpoint_every, optim (see make_optimizer), init_from (fot_jax checkpoint to start from;
-  resuming from workdir's own checkpoints wins over it), tensorboard (default True); mesh
-  (parallel.make_mesh sizes and rules; default: data parallel over all devices);
-  crossbatch_scope ('batch': negatives from any row of the global batch, 'device': only
-  rows on the same device); trainable (resolve_trainable: regexes over parameter paths or
-  'memory_attention' / 'memory_layers'; default all).
+  train_cfg: a fot_jax.settings.TrainSettings, or a dict of its fields (read by its from_dict):
+  steps, optim, seed, loss_on, accum_steps, log_every, checkpoint_every, tensorboard, init_from
+  (resuming from the workdir's own checkpoints wins over it), mesh, crossbatch_scope, trainable.
   batch_fn(step) -> this host's rows: inputs/targets/loss_mask [B_host, T], in packs of
   schedule.pack; the global batch is the hosts' rows in process order. A batch_fn with
   state_dict()/load_state_dict() has its state checkpointed and restored. When the
@@ -153,17 +150,13 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   restore_only: restore the latest checkpoint and train nothing (evaluation); a workdir with no
   restorable step raises NoCheckpoint, a step that does not restore a ValueError naming it.
   """
-  steps = int(train_cfg["steps"])
-  accum = int(train_cfg.get("accum_steps", 1))
-  optimizer = make_optimizer(train_cfg["optim"])
+  ts = TrainSettings.from_dict(train_cfg)
+  steps, accum = ts.steps, ts.accum_steps
+  optimizer = make_optimizer(ts.optim)
   feeds = _batch_sources(schedule, batch_fn)
-  mesh_cfg = train_cfg.get("mesh")
-  mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
-  scope = train_cfg.get("crossbatch_scope", "batch")
-  if scope not in ("batch", "device"):
-    raise ValueError(f"train.crossbatch_scope: must be 'batch' or 'device', got {scope!r}")
-  groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
-  trainable = resolve_trainable(train_cfg.get("trainable"), model_cfg)
+  mesh, rules = parallel.make_mesh(ts.mesh), parallel.rules_from_config(ts.mesh)
+  groups = parallel.batch_shards(mesh, rules) if ts.crossbatch_scope == "device" else 1
+  trainable = resolve_trainable(ts.trainable, model_cfg)
   n_train, n_total = count_trainable(model_cfg, trainable)
   _print(f"[{name}] trainable: {n_train:,} of {n_total:,} parameters ({100 * n_train / n_total:.2f}%)"
          + (f": {', '.join(trainable.patterns)}" if trainable else ""))
@@ -178,10 +171,10 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
     if restore_only and latest is None:
       raise NoCheckpoint(f"{ckpt_dir}: no restorable checkpoint step ({describe_folder(ckpt_dir)})")
     # before anything is restored: a changed model fails here by name, not as a shape error
-    check_run_fingerprint(workdir, run_fingerprint(model_cfg, train_cfg, schedule, run_fields),
+    check_run_fingerprint(workdir, run_fingerprint(model_cfg, ts, schedule, run_fields),
                           resuming=latest is not None, write=not restore_only, step=latest or 0)
-    if init_params_tree is None and train_cfg.get("init_from") and latest is None:
-      init_params_tree = params_from_checkpoint(train_cfg["init_from"], model_cfg)
+    if init_params_tree is None and ts.init_from and latest is None:
+      init_params_tree = params_from_checkpoint(ts.init_from, model_cfg)
     start = 0
     carry, carry_phase = None, None  # recurrent memory (fot_jax/recurrent.py) and the phase it belongs to
     if latest is not None:
@@ -198,7 +191,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
       _restore_data(restored["extra"], feeds)
       _print(f"[{name}] resumed from step {start}")
     else:
-      state = init_state(model_cfg, optimizer, int(train_cfg.get("seed", 0)), mesh, rules, init_params_tree,
+      state = init_state(model_cfg, optimizer, ts.seed, mesh, rules, init_params_tree,
                          trainable)
   except BaseException:
     manager.close()
@@ -208,9 +201,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable)
   recurrent_steps = {}  # RecurrentSpec -> its step function
   batch_sharding = parallel.batch_sharding(mesh, rules)
-  log = MetricsLog(workdir, name, bool(train_cfg.get("tensorboard", True)) and not restore_only)
-  log_every = int(train_cfg.get("log_every", 10))
-  ckpt_every = int(train_cfg.get("checkpoint_every", 0))
+  log = MetricsLog(workdir, name, ts.tensorboard and not restore_only)
+  log_every, ckpt_every = ts.log_every, ts.checkpoint_every
   history = []
   watch = _PreemptionWatch()
   t0, tokens_seen = time.time(), 0
@@ -230,7 +222,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         raise ValueError(f"train.accum_steps={accum}: batch of {global_rows} rows does not split into "
                          f"{accum} groups of whole packs of {pack}")
       parallel.check_batch_rows(global_rows // accum, mesh, rules, f"batch (per accumulation group of {accum})")
-      scored = crossbatch.scored_rows(rows, pack, train_cfg.get("loss_on", "all"))
+      scored = crossbatch.scored_rows(rows, pack, ts.loss_on)
       batch = dict(batch, loss_mask=batch["loss_mask"] & scored[:, None])
       if "accuracy_mask" in batch:
         batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
