@@ -72,14 +72,15 @@ def _inference(arm: str, cfg, params, config):
   window = int(config.data.window)
   if arm == "transformer_xl":
     return recurrent.XLInference(cfg, params, window)
-  return MemoryInference(cfg, params, window, config.eval.mode, int(config.eval.topk))
+  ev = configs.lm_eval_settings(config)
+  return MemoryInference(cfg, params, window, ev.mode, ev.topk)
 
 
 def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dict:
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
-  sc = eval_config.default_config()
-  sc.task, sc.batch, sc.window, sc.mode, sc.topk = config.data.eval_task, int(config.eval.batch), \
-      int(config.data.window), config.eval.mode, int(config.eval.topk)
+  ev, sc = configs.lm_eval_settings(config), eval_config.default_config()
+  sc.task, sc.batch, sc.window, sc.mode, sc.topk = config.data.eval_task, ev.batch, int(config.data.window), \
+      ev.mode, ev.topk
   sc.rd.update(config.baselines.rd.to_dict())
   sc.passkey.update(config.baselines.passkey.to_dict())
 
@@ -104,7 +105,7 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
   configs.validate(config)
   cfg = configs.model_config(config)
   vocab = vocab_lib.get_vocabulary(config.data.vocab)
-  b, ev = config.baselines, config.eval
+  b, ev = config.baselines, configs.lm_eval_settings(config)
   k = int(config.data.windows_per_slot)
   docs = lm_runs.lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
   print(f"baselines: {len(docs)} held-out documents of {config.data.eval_task!r}", flush=True)
@@ -131,8 +132,8 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
       if arm == "fot":
         fot_run = out
       inference = _inference(arm, cfg, out["params"], config)
-      res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, int(ev.score_tokens),
-                                            int(ev.batch), "single_doc", name=name)
+      res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, ev.score_tokens, ev.batch,
+                                            ev.doc_mode, name=name)
       hist = out["history"]
       results["seeds"].setdefault(arm, {})[str(seed)] = res["perplexity"]
       results["training"].setdefault(arm, {})[str(seed)] = {

@@ -21,7 +21,7 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import TrainSettings
+from fot_jax.settings import LMEvalSettings, TrainSettings
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -50,6 +50,11 @@ def train_settings(config, arm: str = "fot", seed=None, steps=None) -> TrainSett
   if lm:
     fields.update(init_from=t.get("init_from"), trainable=t.get("trainable"))
   return TrainSettings.from_dict(fields, "train" if lm else arm)
+
+
+def lm_eval_settings(config) -> LMEvalSettings:
+  """An LM experiment's `eval` section, typed and checked."""
+  return LMEvalSettings.from_dict(config.eval, "eval")
 
 
 def dictionary_task(config) -> DictionaryTask:
@@ -236,14 +241,7 @@ def validate_lm(config, check_data: bool = True) -> None:
                        f"(0, 1] (got {view['fraction']})")
   crossbatch.scored_rows(rows, k, t.loss_on)
   resolve_trainable(t.get("trainable"), cfg)  # a pattern that matches no parameter fails here
-  ev = config.eval
-  if ev.doc_mode != "single_doc":
-    raise ValueError(f"eval.doc_mode: only 'single_doc' is implemented, got {ev.doc_mode!r}")
-  if ev.mode not in ("dense", "topk"):
-    raise ValueError(f"eval.mode: must be 'dense' or 'topk', got {ev.mode!r}")
-  if any(int(m) < 0 for m in ev.memory_tokens) or int(ev.score_tokens) <= 0:
-    raise ValueError(f"eval.memory_tokens / eval.score_tokens: must be >= 0 / > 0, got "
-                     f"{list(ev.memory_tokens)} / {ev.score_tokens}")
+  lm_eval_settings(config)
   validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
 
 

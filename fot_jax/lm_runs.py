@@ -34,7 +34,7 @@ def lm_eval_docs(config, vocab, need: int):
   """Held-out documents (`bos doc eos`) of at least `need` tokens, in the task's stored order."""
   ids = vocab_lib.special_ids(vocab)
   docs = pipeline.long_documents(config.data.eval_task, vocab, config.data.eval_split, need,
-                                 int(config.eval.n_docs), wrap=(ids["bos"], ids["eos"]))
+                                 configs.lm_eval_settings(config).n_docs, wrap=(ids["bos"], ids["eos"]))
   if not docs:
     raise ValueError(f"eval: no document of {config.data.eval_task!r} split {config.data.eval_split!r} has "
                      f"{need} tokens (max eval.memory_tokens + eval.score_tokens + 1); lower them")
@@ -109,13 +109,13 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
     for task, r in report.items():
       print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
     results["data"][name] = report
-  ev = config.eval
+  ev = configs.lm_eval_settings(config)
   docs = lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
   print(f"evaluating on {len(docs)} held-out documents of {config.data.eval_task!r}", flush=True)
   for name in arms:
     inference = MemoryInference(cfg, trained[name]["params"], int(config.data.window), ev.mode, ev.topk)
-    res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, int(ev.score_tokens),
-                                          int(ev.batch), ev.doc_mode, name=name)
+    res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, ev.score_tokens, ev.batch,
+                                          ev.doc_mode, name=name)
     hist = trained[name]["history"]
     res.update(train_seconds=trained[name]["seconds"], n_docs=len(docs), phases=trained[name]["phases"],
                final_train_loss=float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None)

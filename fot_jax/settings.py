@@ -7,6 +7,7 @@ entry points and the study's config checks use it before anything heavy loads.
   TrainSettings  one training run (fot_jax.train.train takes it): steps, optimiser, seed, scoring,
                  accumulation, cadences, init_from, mesh, crossbatch scope, trainable parameters;
                  each runner builds it from its experiment's sections (runs, lm_runs, the study).
+  LMEvalSettings an LM experiment's `c.eval`: perplexity against memory size.
 """
 from __future__ import annotations
 
@@ -131,3 +132,47 @@ class TrainSettings:
   def to_dict(self) -> Dict[str, Any]:
     """Every field, the optimiser's too, as JSON would hold them (the run's fingerprint)."""
     return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+MEMORY_READS = ("dense", "topk")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMEvalSettings:
+  """An LM experiment's evaluation (`c.eval`): perplexity of each held-out document's last
+  score_tokens tokens with memory_tokens tokens of it before them in memory, for every size; n_docs
+  documents, batch rows at a time; memory read densely or top-k (topk keys per query); doc_mode
+  'single_doc' (the document's own earlier windows only)."""
+  memory_tokens: Tuple[int, ...] = (0, 2048, 8192, 32768)
+  score_tokens: int = 512
+  n_docs: int = 16
+  batch: int = 8
+  mode: str = "dense"
+  topk: int = 32
+  doc_mode: str = "single_doc"
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], where: str = "eval") -> "LMEvalSettings":
+    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {known}")
+    out = {}
+    if "memory_tokens" in d:
+      sizes = d["memory_tokens"]
+      if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not list(sizes):
+        raise ValueError(f"{where}.memory_tokens: a list of memory sizes, got {sizes!r}")
+      out["memory_tokens"] = tuple(_number(m, f"{where}.memory_tokens", int) for m in sizes)
+      if min(out["memory_tokens"]) < 0:
+        raise ValueError(f"{where}.memory_tokens: must be >= 0, got {list(out['memory_tokens'])}")
+    for name in ("score_tokens", "n_docs", "batch", "topk"):
+      if name in d:
+        out[name] = _number(d[name], f"{where}.{name}", int)
+        if out[name] <= 0:
+          raise ValueError(f"{where}.{name}: must be positive, got {out[name]}")
+    if d.get("mode", "dense") not in MEMORY_READS:
+      raise ValueError(f"{where}.mode: must be 'dense' or 'topk', got {d['mode']!r}")
+    if d.get("doc_mode", "single_doc") != "single_doc":
+      raise ValueError(f"{where}.doc_mode: only 'single_doc' is implemented, got {d['doc_mode']!r}")
+    return cls(mode=d.get("mode", "dense"), **out)

@@ -113,3 +113,20 @@ def test_fingerprints_recorded_before_the_typed_settings_still_match():
   changed = dict(old_tc, optim={"lr": 1e-3, "schedule": "cosine", "total_steps": 10}, accum_steps=2)
   diffs = {f for f, _, _ in fingerprint_differences(old, run_fingerprint(cfg, changed, sched))}
   assert diffs == {"optim.b1", "train.accum_steps"}  # b1 back to its default 0.9: a change all the same
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("mode", "approx", r"eval\.mode: must be 'dense' or 'topk'"),
+    ("doc_mode", "multi_doc", r"eval\.doc_mode: only 'single_doc'"),
+    ("memory_tokens", (0, -8), r"eval\.memory_tokens: must be >= 0"),
+    ("score_tokens", 0, r"eval\.score_tokens: must be positive"),
+    ("topk", 0, r"eval\.topk: must be positive"),
+])
+def test_an_lm_experiments_eval_section_is_read_once(field, value, message):
+  from experiments import stdlib_lm_tiny
+  config = stdlib_lm_tiny.get_config()
+  ev = configs.lm_eval_settings(config)
+  assert ev.memory_tokens == tuple(config.eval.memory_tokens) and ev.score_tokens == config.eval.score_tokens
+  config.eval[field] = value
+  with pytest.raises(ValueError, match=message):
+    configs.validate(config, check_data=False)
