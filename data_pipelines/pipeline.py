@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from data_pipelines import tasks, vocab as vocab_lib
 from data_pipelines.slots import SlotBatcher
+from fot_jax.settings import LMDataSettings
 
 
 def _is_token_task(provider) -> bool:
@@ -112,11 +113,10 @@ def lm_batches_from_config(config, split: Optional[str] = None, repeat: bool = T
                            task: Optional[str] = None) -> SlotBatcher:
   """The shared c.data fields: task (or `task`), vocab, slots (global), windows_per_slot, window,
   min_doc_len."""
-  d = config.data
+  d = LMDataSettings.from_dict(config.data, "data")
   vocab = vocab_lib.get_vocabulary(d.vocab)
-  batcher = lm_batches(task or d.task, vocab, slots=host_slots(int(d.slots)), windows=int(d.windows_per_slot),
-                       window=int(d.window), split=split or d.get("split", "train"), seed=int(config.seed),
-                       min_doc_len=int(d.get("min_doc_len", 1)), max_doc_len=int(d.get("max_doc_len", 0)),
-                       repeat=repeat)
+  batcher = lm_batches(task or d.task, vocab, slots=host_slots(d.slots), windows=d.windows_per_slot,
+                       window=d.window, split=split or d.split, seed=int(config.seed), min_doc_len=d.min_doc_len,
+                       max_doc_len=d.max_doc_len, repeat=repeat)
   batcher.check_nonempty()
   return batcher

@@ -69,7 +69,7 @@ def arm_schedule(arm: str, fot_phases: List[dict], fot_steps: int, windows: int,
 
 
 def _inference(arm: str, cfg, params, config):
-  window = int(config.data.window)
+  window = configs.lm_data_settings(config).window
   if arm == "transformer_xl":
     return recurrent.XLInference(cfg, params, window)
   ev = configs.lm_eval_settings(config)
@@ -78,17 +78,16 @@ def _inference(arm: str, cfg, params, config):
 
 def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dict:
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
-  ev, sc = configs.lm_eval_settings(config), eval_config.default_config()
-  sc.task, sc.batch, sc.window, sc.mode, sc.topk = config.data.eval_task, ev.batch, int(config.data.window), \
-      ev.mode, ev.topk
+  ev, data, sc = configs.lm_eval_settings(config), configs.lm_data_settings(config), eval_config.default_config()
+  sc.task, sc.batch, sc.window, sc.mode, sc.topk = data.eval_task, ev.batch, data.window, ev.mode, ev.topk
   sc.rd.update(config.baselines.rd.to_dict())
   sc.passkey.update(config.baselines.passkey.to_dict())
 
   class ArmContext(suite_lib.Context):
     def __init__(self):  # the trained arm as it is: nothing read from disk
       self.path, self.config, self.cfg, self.params, self.window = workdir, sc, cfg, params, sc.window
-      self.vocab = vocab_lib.get_vocabulary(config.data.vocab)
-      self.vocab_spec, self.name = config.data.vocab, os.path.basename(workdir)
+      self.vocab = vocab_lib.get_vocabulary(data.vocab)
+      self.vocab_spec, self.name = data.vocab, os.path.basename(workdir)
 
     def inference(self, mode=None):
       return inference
@@ -104,11 +103,12 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
   t_start = time.time()
   configs.validate(config)
   cfg = configs.model_config(config)
-  vocab = vocab_lib.get_vocabulary(config.data.vocab)
+  data = configs.lm_data_settings(config)
+  vocab = vocab_lib.get_vocabulary(data.vocab)
   b, ev = config.baselines, configs.lm_eval_settings(config)
-  k = int(config.data.windows_per_slot)
+  k = data.windows_per_slot
   docs = lm_runs.lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
-  print(f"baselines: {len(docs)} held-out documents of {config.data.eval_task!r}", flush=True)
+  print(f"baselines: {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   results = {"config": config.to_dict(), "memory_tokens": [int(m) for m in ev.memory_tokens],
              "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),
              "seeds": {}, "training": {}, "rd": {}, "passkey": {}}
@@ -128,7 +128,7 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
       feeds = {task: lm_runs.lm_feed(seeded, task, layout) for task in set(schedule.tasks())}
       out = runs.train_arm(cfg, configs.train_settings(seeded), name, schedule,
                             feeds[None] if list(feeds) == [None] else feeds, arm_dir, train,
-                            config.data.vocab, config.data.window, lm_runs.lm_run_fields(seeded))
+                            data.vocab, data.window, lm_runs.lm_run_fields(seeded))
       if arm == "fot":
         fot_run = out
       inference = _inference(arm, cfg, out["params"], config)

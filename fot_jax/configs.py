@@ -21,7 +21,7 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import LMEvalSettings, TrainSettings
+from fot_jax.settings import LMDataSettings, LMEvalSettings, TrainSettings
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -50,6 +50,11 @@ def train_settings(config, arm: str = "fot", seed=None, steps=None) -> TrainSett
   if lm:
     fields.update(init_from=t.get("init_from"), trainable=t.get("trainable"))
   return TrainSettings.from_dict(fields, "train" if lm else arm)
+
+
+def lm_data_settings(config) -> LMDataSettings:
+  """An LM experiment's `data` section, typed and checked."""
+  return LMDataSettings.from_dict(config.data, "data")
 
 
 def lm_eval_settings(config) -> LMEvalSettings:
@@ -90,7 +95,7 @@ REPEAT_FIELDS = ("task", "fraction", "score_first")
 def repeat_view(config, task):
   """The repeat view a curriculum task names (`c.data.repeats[task]`: its source task, the
   fraction of slots repeated, whether their first window is scored), None for any other task."""
-  views = config.data.get("repeats") or {}
+  views = lm_data_settings(config).repeats
   if task is None or task not in views:
     return None
   v = dict(views[task])
@@ -105,11 +110,12 @@ def repeat_view(config, task):
 def retrieval_view(config, task):
   """The retrieval documents a curriculum task names (`c.data.retrieval[task]`, fields of
   data_pipelines.retrieval_docs.RetrievalSpec), None for any other task."""
-  views = config.data.get("retrieval") or {}
+  data = lm_data_settings(config)
+  views = data.retrieval
   if task is None or task not in views:
     return None
   spec = RetrievalSpec.from_dict(_plain(views[task]), f"data.retrieval.{task}")
-  spec.validate(f"data.retrieval.{task}", int(config.data.windows_per_slot))
+  spec.validate(f"data.retrieval.{task}", data.windows_per_slot)
   return spec
 
 
@@ -178,9 +184,8 @@ def validate(config, check_data: bool = True) -> None:
 def train_shape(config):
   """(global rows, window, accum_steps, schedule) of one training step of an experiment."""
   if config.experiment in LM_EXPERIMENTS:
-    d, t = config.data, config.train
-    return int(d.slots) * int(d.windows_per_slot), int(d.window), int(t.get("accum_steps", 1)), \
-        Schedule(t.curriculum)
+    d, t = lm_data_settings(config), config.train
+    return d.slots * d.windows_per_slot, d.window, int(t.get("accum_steps", 1)), Schedule(t.curriculum)
   sched = Schedule(config.fot.curriculum)
   return config.fot.slots * sched.pack, config.fot.window, int(config.fot.get("accum_steps", 1)), sched
 
@@ -190,16 +195,15 @@ def validate_lm(config, check_data: bool = True) -> None:
   curriculum against the batch shape, evaluation and the mesh. check_data: also load the
   vocabulary, resolve the tasks and find train.init_from (off for --mode=plan, which reads
   no data)."""
-  cfg = model_config(config)
-  d, t = config.data, config.train
+  cfg, d, t = model_config(config), lm_data_settings(config), config.train
   if check_data and t.get("init_from"):  # a file-system check: before the data's imports
     check_init_from(str(t.init_from))
   if check_data:
     from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
     vocab = vocab_lib.get_vocabulary(d.vocab)
     vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
-    for name in ("task", "eval_task"):
-      tasks.get_provider(d[name])
+    for name in (d.task, d.eval_task):
+      tasks.get_provider(name)
     for task in Schedule(t.curriculum).tasks():  # a curriculum over tasks names SeqIO tasks
       if task is not None and task != warmup_task_name(config):
         view, retrieval = repeat_view(config, task), retrieval_view(config, task)
@@ -207,12 +211,9 @@ def validate_lm(config, check_data: bool = True) -> None:
           tasks.get_provider(retrieval.text_task if retrieval else view["task"] if view else task)
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
-  for field in ("slots", "windows_per_slot", "window"):
-    if int(d[field]) <= 0:
-      raise ValueError(f"data.{field}: must be positive, got {d[field]}")
   train_settings(config)
   rows, _, accum, sched = train_shape(config)
-  k = int(d.windows_per_slot)
+  k = d.windows_per_slot
   if sched.pack not in (1, k):
     raise ValueError(f"train.curriculum: pack size k={sched.pack} (w + 1 or len(segments)) must equal "
                      f"data.windows_per_slot={k}")
@@ -261,7 +262,7 @@ def validate_baselines(config) -> None:
     # names outside baselines.arms are allowed (a run of fewer arms keeps the file's list): not run
     raise ValueError(f"baselines.extra_seed_arms: 'fot' (the others follow its phases) and any of "
                      f"{BASELINE_ARMS}; got {extra}")
-  cfg, window = model_config(config), int(config.data.window)
+  cfg, window = model_config(config), lm_data_settings(config).window
   spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": int(b.memory_tokens), "topk": int(b.topk)})
   recurrent.check(spec, cfg, window)
   if warmup_task_name(config) is not None:  # the copy warm-up's windows hold memory too

@@ -32,11 +32,11 @@ def lm_run_fields(config) -> dict:
 
 def lm_eval_docs(config, vocab, need: int):
   """Held-out documents (`bos doc eos`) of at least `need` tokens, in the task's stored order."""
-  ids = vocab_lib.special_ids(vocab)
-  docs = pipeline.long_documents(config.data.eval_task, vocab, config.data.eval_split, need,
+  ids, data = vocab_lib.special_ids(vocab), configs.lm_data_settings(config)
+  docs = pipeline.long_documents(data.eval_task, vocab, data.eval_split, need,
                                  configs.lm_eval_settings(config).n_docs, wrap=(ids["bos"], ids["eos"]))
   if not docs:
-    raise ValueError(f"eval: no document of {config.data.eval_task!r} split {config.data.eval_split!r} has "
+    raise ValueError(f"eval: no document of {data.eval_task!r} split {data.eval_split!r} has "
                      f"{need} tokens (max eval.memory_tokens + eval.score_tokens + 1); lower them")
   return docs
 
@@ -63,23 +63,22 @@ def lm_feed(config, task, arm: str):
   if view is None:
     return pipeline.lm_batches_from_config(config, task=task)
   return RepeatedWindows(pipeline.lm_batches_from_config(config, task=view["task"]),
-                         int(config.data.windows_per_slot), view["fraction"], int(config.seed),
+                         configs.lm_data_settings(config).windows_per_slot, view["fraction"], int(config.seed),
                          view["score_first"])
 
 
 def retrieval_batches(config, spec) -> RetrievalBatches:
   """Retrieval documents in this host's slots, a `text_slots` share of them natural text."""
-  d = config.data
+  d = configs.lm_data_settings(config)
   vocab = vocab_lib.get_vocabulary(d.vocab)
-  slots = pipeline.host_slots(int(d.slots))
+  slots = pipeline.host_slots(d.slots)
   n_text = int(spec.text_slots * slots)
   text = None
   if n_text:
-    text = pipeline.lm_batches(spec.text_task, vocab, slots=n_text, windows=int(d.windows_per_slot),
-                               window=int(d.window), seed=int(config.seed),
-                               min_doc_len=int(d.get("min_doc_len", 1)), max_doc_len=int(d.get("max_doc_len", 0)))
+    text = pipeline.lm_batches(spec.text_task, vocab, slots=n_text, windows=d.windows_per_slot, window=d.window,
+                               seed=int(config.seed), min_doc_len=d.min_doc_len, max_doc_len=d.max_doc_len)
     text.check_nonempty()
-  return RetrievalBatches(spec, vocab, slots=slots, windows=int(d.windows_per_slot), window=int(d.window),
+  return RetrievalBatches(spec, vocab, slots=slots, windows=d.windows_per_slot, window=d.window,
                           seed=int(config.seed), text_batches=text)
 
 
@@ -87,8 +86,8 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
   """Trains FoT with the crossbatch curriculum and, if baseline.enabled, the same model without
   crossbatch, on doc-pinned slot batches; evaluates perplexity against memory size; writes results."""
   t_start = time.time()
-  cfg = configs.model_config(config)
-  vocab = vocab_lib.get_vocabulary(config.data.vocab)
+  cfg, data = configs.model_config(config), configs.lm_data_settings(config)
+  vocab = vocab_lib.get_vocabulary(data.vocab)
   vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
   arms = ["fot"] + (["no_crossbatch"] if config.baseline.enabled else [])
   results = {"config": config.to_dict(), "data": {}}
@@ -103,17 +102,17 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
       raise ValueError(f"data error: {e}") from e
     trained[name] = train_arm(cfg, configs.train_settings(config), name, schedule,
                                feeds[None] if list(feeds) == [None] else feeds, os.path.join(workdir, name), train,
-                               config.data.vocab, config.data.window, lm_run_fields(config))
-    report = {str(task or config.data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}
+                               data.vocab, data.window, lm_run_fields(config))
+    report = {str(task or data.task): {"pipeline": b.report(), "bad_input": b.bad_input().report()}
               for task, b in feeds.items() if hasattr(b, "report")}  # the copy warm-up is synthetic
     for task, r in report.items():
       print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
     results["data"][name] = report
   ev = configs.lm_eval_settings(config)
   docs = lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
-  print(f"evaluating on {len(docs)} held-out documents of {config.data.eval_task!r}", flush=True)
+  print(f"evaluating on {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   for name in arms:
-    inference = MemoryInference(cfg, trained[name]["params"], int(config.data.window), ev.mode, ev.topk)
+    inference = MemoryInference(cfg, trained[name]["params"], data.window, ev.mode, ev.topk)
     res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, ev.score_tokens, ev.batch,
                                           ev.doc_mode, name=name)
     hist = trained[name]["history"]
@@ -123,7 +122,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
   results["wall_seconds"] = time.time() - t_start
   results["provenance"] = provenance.provenance()
   if jax.process_index() == 0:
-    _write_lm_results(results, workdir, list(arms), config.data.eval_task)
+    _write_lm_results(results, workdir, list(arms), data.eval_task)
   return results
 
 

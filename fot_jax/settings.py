@@ -7,6 +7,7 @@ entry points and the study's config checks use it before anything heavy loads.
   TrainSettings  one training run (fot_jax.train.train takes it): steps, optimiser, seed, scoring,
                  accumulation, cadences, init_from, mesh, crossbatch scope, trainable parameters;
                  each runner builds it from its experiment's sections (runs, lm_runs, the study).
+  LMDataSettings an LM experiment's `c.data`: the task, vocabulary and slot batch shape.
   LMEvalSettings an LM experiment's `c.eval`: perplexity against memory size.
 """
 from __future__ import annotations
@@ -176,3 +177,58 @@ class LMEvalSettings:
     if d.get("doc_mode", "single_doc") != "single_doc":
       raise ValueError(f"{where}.doc_mode: only 'single_doc' is implemented, got {d['doc_mode']!r}")
     return cls(mode=d.get("mode", "dense"), **out)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMDataSettings:
+  """An LM experiment's data (`c.data`): `task` (a SeqIO task or mixture) read in `vocab` ('byte', a
+  SentencePiece model or a tokenizer.json) into `slots` document streams over all hosts, each row
+  `window` tokens and `windows_per_slot` consecutive rows per slot (one pack); documents shorter than
+  min_doc_len dropped, longer than max_doc_len truncated (0: never); eval_task ('': the task) /
+  eval_split: the held-out documents of the evaluation. `repeats` and `retrieval` name extra curriculum tasks (their
+  views are read by fot_jax.configs.repeat_view / retrieval_view)."""
+  task: str
+  vocab: str
+  slots: int
+  windows_per_slot: int
+  window: int
+  split: str = "train"
+  min_doc_len: int = 1
+  max_doc_len: int = 0
+  eval_task: str = ""
+  eval_split: str = "validation"
+  repeats: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  retrieval: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], where: str = "data") -> "LMDataSettings":
+    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {list(fields)}")
+    missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+      raise ValueError(f"{where}: missing field(s) {missing}")
+    out = {}
+    for name in ("slots", "windows_per_slot", "window", "min_doc_len", "max_doc_len"):
+      if name in d:
+        out[name] = _number(d[name], f"{where}.{name}", int)
+        if out[name] < (0 if name == "max_doc_len" else 1):
+          raise ValueError(f"{where}.{name}: must be {'>= 0' if name == 'max_doc_len' else 'positive'}, "
+                           f"got {out[name]}")
+    for name in ("task", "vocab", "split", "eval_task", "eval_split"):
+      if name in d:
+        if not isinstance(d[name], str):
+          raise ValueError(f"{where}.{name}: must be a string, got {d[name]!r}")
+        out[name] = d[name]
+    for name in ("repeats", "retrieval"):
+      if d.get(name) is not None:
+        if not hasattr(d[name], "keys"):
+          raise ValueError(f"{where}.{name}: a dict of curriculum task name -> its settings, got {d[name]!r}")
+        out[name] = dict(d[name])
+    out.setdefault("eval_task", out["task"])  # '' or absent: held out from the training task
+    if not out["eval_task"]:
+      out["eval_task"] = out["task"]
+    return cls(**out)

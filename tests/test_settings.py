@@ -130,3 +130,21 @@ def test_an_lm_experiments_eval_section_is_read_once(field, value, message):
   config.eval[field] = value
   with pytest.raises(ValueError, match=message):
     configs.validate(config, check_data=False)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("slots", 0, r"data\.slots: must be positive"),
+    ("max_doc_len", -1, r"data\.max_doc_len: must be >= 0"),
+    ("task", 3, r"data\.task: must be a string"),
+])
+def test_an_lm_experiments_data_section_is_read_once(field, value, message):
+  from experiments import stdlib_lm_tiny
+  config = stdlib_lm_tiny.get_config()
+  d = configs.lm_data_settings(config)
+  assert (d.task, d.slots, d.windows_per_slot, d.window) == (config.data.task, config.data.slots,
+                                                             config.data.windows_per_slot, config.data.window)
+  assert configs.train_shape(config)[:2] == (d.slots * d.windows_per_slot, d.window)
+  with pytest.raises(ValueError, match=message):
+    configs.lm_data_settings(ml_collections.ConfigDict({"data": dict(config.data.to_dict(), **{field: value})}))
+  with pytest.raises(ValueError, match=r"data: unknown field\(s\) \['windows'\]"):
+    configs.lm_data_settings(ml_collections.ConfigDict({"data": dict(config.data.to_dict(), windows=2)}))
