@@ -5,9 +5,9 @@ window): a forward of one sequence of L tokens through a model of the given shap
 weights; the logits left out so the attention shows), with plain RoPE attention and with the
 position strategies (Self-Extend, LM-Infinite). `dense` materialises the [T, T] scores of a
 layer at once; `blockwise` streams query chunks x key blocks and skips the future
-(fot_jax/model/attention_ops.py). Per length and variant: the compiled forward's temporaries
-(XLA's memory analysis) and the median wall time of --runs runs after a first one; then the
-blockwise/dense ratios.
+(fot_jax/model/attention_ops.py; the strategies: attention_rotated.py). Per length and variant:
+the compiled forward's temporaries (XLA's memory analysis) and the median wall time of --runs
+runs after a first one; then the blockwise/dense ratios.
 
   python -m benchmarks.long_forward                          # SmolLM2-135M's layer shape, 2 layers
   python -m benchmarks.long_forward --layers 30 --lengths 16384 --variants plain --impls blockwise

@@ -5,7 +5,7 @@ shape (random weights; a small vocabulary, so the logits do not hide the attenti
 RoPE attention and with the position strategies (Self-Extend, LM-Infinite; the settings of
 benchmarks/long_forward.py). `dense` materialises each layer's [T, T] scores and keeps them for
 the backward pass; `blockwise` streams (query chunk, key block) pairs in both passes, the
-strategies through `attention_ops.attend_rotated` and its custom VJP. The step is compiled, not
+strategies through `attention_rotated.attend_rotated` and its custom VJP. The step is compiled, not
 run: per variant, the temporaries of XLA's memory analysis, then the dense/blockwise ratio.
 
   python -m benchmarks.position_strategy_memory                   # SmolLM2-135M's layer shape, 2 layers, 8K

@@ -13,8 +13,8 @@ and per kv head, held on device in buffers whose capacity doubles as it grows
   `blocks`: InfLLM-style, each window attends to the `block_topk` memory blocks of `block_size`
   slots its queries score best against their `block_reps` representative keys (docs/block_memory.md).
 * Generation keeps a key/value cache of the current window: one query per new token
-  against cache + memory, the decode loop (sampling included) on device; a full window
-  moves into memory.
+  against cache + memory, the decode loop (sampling included) on device (generation.py);
+  a full window moves into memory.
 * single_doc: each row is one document; memory is cleared between documents.
   multi_doc: rows are streams of concatenated documents; memory is never cleared.
 """
@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fot_jax.generation import decode_loop, first_token, fit_slots, pow2, prefill_window, select_rows
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MEMORY_MODES, BlockSpec, MemoryBlock
@@ -117,104 +118,6 @@ class Memory:
 
   def nbytes(self) -> int:
     return sum(int(k.nbytes + v.nbytes + m.nbytes) for k, v, m in self.buffers.values())
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall"), donate_argnums=(2,))
-def decode_step(params, tokens, cache, fill, memories, cfg, mode, topk, chunk, recall):
-  """New tokens [B, t] at cache slots fill.. -> (logits [B, t, V], updated cache)."""
-  logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, memories=memories, mem_mode=mode,
-                                      mem_topk=topk, mem_chunk=chunk, cache=cache, cache_fill=fill,
-                                      mem_recall=recall)
-  return logits, aux["cache"]
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall"))
-def _prefill_window(params, tokens, token_mask, memories, at, cfg, mode, topk, chunk, recall):
-  """-> (logits [B, V] at column at[b] of each row, memory keys/values, cache of the window)."""
-  logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask, memories=memories,
-                                      mem_mode=mode, mem_topk=topk, mem_chunk=chunk, want_mem_kv=True,
-                                      want_cache=True, mem_recall=recall)
-  return logits[jnp.arange(tokens.shape[0]), at], aux["mem_kv"], aux["cache"]
-
-
-@functools.partial(jax.jit, static_argnums=(1,))
-def _fit_slots(cache, slots):
-  """Cache [B, S, ...] -> [B, slots, ...]: padded, or cut past every row's fill."""
-  fit = lambda x: jnp.pad(x[:, :slots], [(0, 0), (0, max(0, slots - x.shape[1]))] + [(0, 0)] * (x.ndim - 2))
-  return jax.tree_util.tree_map(fit, cache)
-
-
-@jax.jit
-def _select_rows(rows, new, old):
-  return jax.tree_util.tree_map(lambda n, o: jnp.where(rows.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
-                                new, old)
-
-
-def _pow2(n: int) -> int:
-  return 1 << max(0, n - 1).bit_length()
-
-
-def _sample(logits, key, temperature, top_p, greedy: bool, nucleus: bool):
-  """Traced temperature / top_p (no recompile per value); greedy / nucleus pick the code."""
-  if greedy:
-    return jnp.argmax(logits, -1).astype(jnp.int32)
-  logits = logits.astype(jnp.float32) / temperature
-  if not nucleus:
-    return jax.random.categorical(key, logits).astype(jnp.int32)
-  order = jnp.argsort(-logits, axis=-1)  # stable: ties keep index order, as argmax
-  ranked = jnp.take_along_axis(logits, order, -1)
-  p = jax.nn.softmax(ranked, -1)
-  before = jnp.cumsum(p, -1) - p  # mass of the more likely tokens: the one crossing top_p stays
-  pick = jax.random.categorical(key, jnp.where(before < top_p, ranked, -jnp.inf))
-  return jnp.take_along_axis(order, pick[:, None], -1)[:, 0].astype(jnp.int32)
-
-
-def sample(logits, key, temperature: float = 0.0, top_p: float = 1.0):
-  """logits [B, V] -> tokens [B] (on device): greedy at temperature 0, else softmax(logits /
-  temperature) restricted to the smallest set of most likely tokens whose mass reaches top_p,
-  drawn with the jax.random key."""
-  return _sample(jnp.asarray(logits), key, temperature, top_p, temperature <= 0, top_p < 1)
-
-
-_SAMPLING = ("greedy", "nucleus", "eos")
-
-
-@functools.partial(jax.jit, static_argnames=_SAMPLING, donate_argnums=(1, 2))
-def _first_token(logits, toks, seen, key, temperature, top_p, greedy, nucleus, eos):
-  """Token 0 from the prefill's logits [B, V] into toks [B, N] (and seen [B, N, V]) -> done [B]."""
-  tok = _sample(logits, jax.random.fold_in(key, 0), temperature, top_p, greedy, nucleus)
-  seen = None if seen is None else seen.at[:, 0].set(logits)
-  return toks.at[:, 0].set(tok), seen, jnp.isin(tok, jnp.asarray(eos, jnp.int32))
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "recall", "window") + _SAMPLING,
-                   donate_argnums=(1, 4, 5))
-def _decode_loop(params, cache, fill, memories, toks, seen, step, done, stop, key, temperature, top_p,
-                 cfg, mode, topk, chunk, recall, window, greedy, nucleus, eos):
-  """Tokens step..stop-1 in one on-device loop (one host round trip, not one per token): each
-  decodes the previous token against cache + memory and samples with key folded with its step.
-  Stops early when every row is done (eos; a done row gets eos[0]) or some row's cache is full
-  (fill == window: it moves into memory on the host first) -> (cache, fill, toks, seen, step, done)."""
-  pad = eos[0] if eos else 0
-
-  def more(c):
-    step, fill, done = c[:3]
-    return (step < stop) & ~jnp.all(done) & jnp.all(fill < window)
-
-  def one(c):
-    step, fill, done, cache, toks, seen = c
-    prev = jax.lax.dynamic_index_in_dim(toks, step - 1, 1)  # [B, 1]
-    logits, cache = decode_step(params, prev, cache, fill, memories, cfg, mode, topk, chunk, recall)
-    logits = logits[:, 0]
-    tok = _sample(logits, jax.random.fold_in(key, step), temperature, top_p, greedy, nucleus)
-    tok = jnp.where(done, pad, tok)
-    toks = jax.lax.dynamic_update_index_in_dim(toks, tok, step, 1)
-    if seen is not None:  # a done row's logits are 0
-      seen = jax.lax.dynamic_update_index_in_dim(seen, jnp.where(done[:, None], 0.0, logits), step, 1)
-    return step + 1, fill + 1, done | jnp.isin(tok, jnp.asarray(eos, jnp.int32)), cache, toks, seen
-
-  step, fill, done, cache, toks, seen = jax.lax.while_loop(more, one, (step, fill, done, cache, toks, seen))
-  return cache, fill, toks, seen, step, done
 
 
 def _prompt_rows(prompt):
@@ -347,8 +250,8 @@ class MemoryInference:
     # Decoding feeds max_new_tokens - 1 tokens: a row past its window needs the whole window as
     # cache, else the slots in use; memory is sized once for prompt and new tokens (one shape).
     steps = max(max_new_tokens, 1) - 1
-    slots = w if (fill + steps > w).any() else min(w, _pow2(int((fill + steps).max())))
-    memory = self.new_memory(batch, _pow2(int((ends + steps - 1).max()) // w * w))
+    slots = w if (fill + steps > w).any() else min(w, pow2(int((fill + steps).max())))
+    memory = self.new_memory(batch, pow2(int((ends + steps - 1).max()) // w * w))
     args = (self.cfg, self.mode, self.topk, self.chunk, self.recall)
     cache = last = None
     t0 = time.perf_counter()
@@ -363,20 +266,20 @@ class MemoryInference:
         continue
       # A window that only holds current windows runs on a power-of-two prefix (causal: the
       # padded tail changes nothing before it).
-      n = w if to_memory.any() else min(w, _pow2(int(fill[current].max())))
+      n = w if to_memory.any() else min(w, pow2(int(fill[current].max())))
       cols = slice(win * w, win * w + n)
-      logits, mem_kv, win_cache = _prefill_window(self.params, jnp.asarray(toks[:, cols]),
-                                                  jnp.asarray(mask[:, cols]), memory.blocks(),
-                                                  jnp.asarray(np.where(current, fill - 1, 0)), *args)
-      win_cache = _fit_slots(win_cache, slots)
+      logits, mem_kv, win_cache = prefill_window(self.params, jnp.asarray(toks[:, cols]),
+                                                 jnp.asarray(mask[:, cols]), memory.blocks(),
+                                                 jnp.asarray(np.where(current, fill - 1, 0)), *args)
+      win_cache = fit_slots(win_cache, slots)
       sel = jnp.asarray(current)
-      cache = win_cache if cache is None else _select_rows(sel, win_cache, cache)
-      last = logits if last is None else _select_rows(sel, logits, last)
+      cache = win_cache if cache is None else select_rows(sel, win_cache, cache)
+      last = logits if last is None else select_rows(sel, logits, last)
       if to_memory.any():
         memory.add(mem_kv, jnp.asarray(mask[:, cols]), rows=to_memory)
     jax.block_until_ready((last, cache, memory.buffers))
     t1 = time.perf_counter()
-    width = _pow2(max_new_tokens)  # buffers in power-of-two sizes: few compiled shapes
+    width = pow2(max_new_tokens)  # buffers in power-of-two sizes: few compiled shapes
     gen = jnp.full((batch, width), eos[0] if eos else 0, jnp.int32)  # what rows past their eos hold
     seen = jnp.zeros((batch, width, last.shape[-1]), jnp.float32) if return_logits else None
     key = jax.random.key(seed)
@@ -384,7 +287,7 @@ class MemoryInference:
     temp, top = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
     step, done = 0, np.zeros(batch, bool)
     if max_new_tokens:
-      gen, seen, done = _first_token(last, gen, seen, key, temp, top, **how)
+      gen, seen, done = first_token(last, gen, seen, key, temp, top, **how)
       step, done = 1, np.asarray(done)
     # One query per row: its scores against cache and memory are [B, H, slots], so they are
     # taken densely and memory in one block of `chunk` (blocks of 512 cost several times more
@@ -398,7 +301,7 @@ class MemoryInference:
         mem_kv = {layer: (cache[layer][2], cache[layer][1]) for layer in self.cfg.mem_layers}
         memory.add(mem_kv, jnp.ones((batch, w), bool), rows=moving)
         fill = jnp.where(jnp.asarray(moving), 0, fill)
-      cache, fill, gen, seen, at, done = _decode_loop(
+      cache, fill, gen, seen, at, done = decode_loop(
           self.params, cache, fill, memory.blocks(), gen, seen, jnp.int32(step), jnp.asarray(done),
           jnp.int32(max_new_tokens), key, temp, top, decode_cfg, *args[1:], window=w, **how)
       step, done = int(at), np.asarray(done)

@@ -100,7 +100,7 @@ def _main():
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count={_plan_devices(config)}")
       plan_dump = None
-      if _PLAN_TOP.value > 0:  # XLA's buffer assignment and live ranges, read back by plan.largest_buffers
+      if _PLAN_TOP.value > 0:  # XLA's buffer assignment and live ranges, read back by xla_buffers.largest_buffers
         given = re.findall(r"--xla_dump_to=(\S+)", os.environ["XLA_FLAGS"])
         plan_dump = given[-1] if given else tempfile.mkdtemp(prefix="fot_jax_plan_xla_")  # a given one is kept
         if not given:

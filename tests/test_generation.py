@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from fot_jax.inference import MemoryInference, end_aligned, sample
+from fot_jax.generation import sample
+from fot_jax.inference import MemoryInference, end_aligned
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 

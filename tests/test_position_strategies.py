@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fot_jax.model import attention_ops as ops, position_strategies
+from fot_jax.model import position_strategies
 from fot_jax.model.attention import Attention
+from fot_jax.model.attention_rotated import attend_rotated
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.memory import finish
 
@@ -153,7 +154,7 @@ def test_streamed_training_keeps_no_per_block_scores():
   r, b, t, kv, g, d = 2, 1, 512, 1, 2, 8
   choose = lambda qp, kp: position_strategies.choice_visible(tuple(sorted(SELF_EXTEND.items())), qp, kp)
   pos, mask = jnp.broadcast_to(jnp.arange(t), (b, t)), jnp.ones((b, t), bool)
-  f = lambda qs, ks, v: jnp.sum(finish(ops.attend_rotated(qs, ks, v, mask, pos, pos, choose, 32)))
+  f = lambda qs, ks, v: jnp.sum(finish(attend_rotated(qs, ks, v, mask, pos, pos, choose, 32)))
   shapes = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((r, b, t, kv, g, d), (r, b, t, kv, d), (b, t, kv, d))]
   compiled = jax.jit(jax.grad(f, argnums=(0, 1, 2))).lower(*shapes).compile()
   assert compiled.memory_analysis().temp_size_in_bytes < g * t * t * 4 / 2

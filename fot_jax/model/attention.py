@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fot_jax.model import attention_ops as ops
+from fot_jax.model.attention_rotated import attend_rotated
 from fot_jax.model import context_parallel as cp
 from fot_jax.model import fused_kernels
 from fot_jax.model import memory as mem
@@ -145,7 +146,7 @@ class Attention(nn.Module):
     else:
       if strategy and impl != "dense":  # Self-Extend / LM-Infinite, streamed
         qs, ks, choose = position_strategies.streamed_inputs(cfg, q_pre, k_pre, positions, scale)
-        local = ops.attend_rotated(qs, ks, v, token_mask, q_pos, positions, choose, block)
+        local = attend_rotated(qs, ks, v, token_mask, q_pos, positions, choose, block)
       elif strategy:  # Self-Extend / LM-Infinite: their own positions and visibility over the window
         local_scores, visible = position_strategies.local_scores(cfg, q_pre, k_pre, positions, scale)
         causal = jnp.tril(jnp.ones((t, t), bool))

@@ -16,7 +16,7 @@ Each strategy is a list of (query positions, key positions) rotations plus, per
 (query, key), which rotation scores it and whether it is visible; any RoPE variant
 (rope.py) rotates them, with the dynamic-NTK length of the true positions. With
 attention_impl 'dense' the window's [T, T] scores are materialised (and kept for the backward
-pass); otherwise they are streamed block by block in both passes (attention_ops.attend_rotated,
+pass); otherwise they are streamed block by block in both passes (attention_rotated.attend_rotated,
 with a custom VJP): long windows forward and fine-tune in bounded memory
 (docs/context_extension.md, "Fine-tuning memory with a position strategy").
 """
@@ -95,7 +95,7 @@ def local_scores(cfg, q, k, positions, scale):
 
 
 def streamed_inputs(cfg, q, k, positions, scale):
-  """The same attention for attention_ops.attend_rotated, which streams it block by block:
+  """The same attention for attention_rotated.attend_rotated, which streams it block by block:
   -> (queries [R, B, T, KV, G, D] scaled, keys [R, B, T, KV, D] per rotation, choose(q_pos, k_pos))."""
   rot = _rotated(cfg, q, k, positions, scale)
   choose = lambda qp, kp: choice_visible(cfg.position_strategy, qp, kp)
