@@ -25,6 +25,16 @@ def _number(value, where: str, kind=float):
   return kind(value)
 
 
+def _known_fields(cls, d, where: str) -> Dict[str, Any]:
+  """d (a dict or a ConfigDict) as a plain dict; a field cls does not have fails naming it."""
+  d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+  known = [f.name for f in dataclasses.fields(cls)]
+  unknown = sorted(set(d) - set(known))
+  if unknown:
+    raise ValueError(f"{where}: unknown field(s) {unknown}; known: {known}")
+  return d
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimSettings:
   """AdamW: lr (peak), warmup_steps (linear from 0), schedule ('constant', or 'cosine' decaying to
@@ -44,11 +54,7 @@ class OptimSettings:
     """The one reader of optimiser settings: unknown fields and bad values fail naming `where.FIELD`."""
     if isinstance(d, OptimSettings):
       return d
-    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(known))
-    if unknown:
-      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {known}")
+    d = _known_fields(cls, d, where)
     if "lr" not in d:
       raise ValueError(f"{where}.lr: required (the peak learning rate)")
     out = {}
@@ -101,11 +107,7 @@ class TrainSettings:
     """The one reader of a run's train settings (`optim` read by OptimSettings); errors name the field."""
     if isinstance(d, TrainSettings):
       return d
-    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(known))
-    if unknown:
-      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {known}")
+    d = _known_fields(cls, d, where)
     for name in ("steps", "optim"):
       if name not in d:
         raise ValueError(f"{where}.{name}: required")
@@ -154,11 +156,7 @@ class LMEvalSettings:
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any], where: str = "eval") -> "LMEvalSettings":
-    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(known))
-    if unknown:
-      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {known}")
+    d = _known_fields(cls, d, where)
     out = {}
     if "memory_tokens" in d:
       sizes = d["memory_tokens"]
@@ -202,11 +200,8 @@ class LMDataSettings:
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any], where: str = "data") -> "LMDataSettings":
-    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+    d = _known_fields(cls, d, where)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-      raise ValueError(f"{where}: unknown field(s) {unknown}; known: {list(fields)}")
     missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:
