@@ -21,7 +21,8 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import LMDataSettings, LMEvalSettings, TrainSettings
+from fot_jax.settings import (DictionaryArm, DictionaryEvalSettings, LMDataSettings, LMEvalSettings,
+                              TrainSettings)
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -60,6 +61,16 @@ def lm_data_settings(config) -> LMDataSettings:
 def lm_eval_settings(config) -> LMEvalSettings:
   """An LM experiment's `eval` section, typed and checked."""
   return LMEvalSettings.from_dict(config.eval, "eval")
+
+
+def dictionary_arm(config, arm: str) -> DictionaryArm:
+  """A dictionary-lookup arm's batch shape (`fot` or `baseline`)."""
+  return DictionaryArm.from_section(config[arm], arm)
+
+
+def dictionary_eval_settings(config) -> DictionaryEvalSettings:
+  """The dictionary-lookup experiment's `eval` section, typed and checked."""
+  return DictionaryEvalSettings.from_dict(config.eval, "eval")
 
 
 def dictionary_task(config) -> DictionaryTask:
@@ -135,50 +146,42 @@ def validate(config, check_data: bool = True) -> None:
                      f"({task.vocab_size} tokens); raise model.overrides.vocab_size")
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
-  for arm in ("fot", "baseline"):
+  arms = {arm: dictionary_arm(config, arm) for arm in ("fot", "baseline")}
+  for arm, a in arms.items():
     train_settings(config, arm)
-    a = config[arm]
-    if a.window <= 0 or task.doc_len % a.window:
+    if task.doc_len % a.window:
       raise ValueError(f"{arm}.window={a.window} must divide the document length {task.doc_len}")
-    if a.slots <= 0:
-      raise ValueError(f"{arm}.slots: must be positive, got {a.slots}")
-  if config.fot.steps < 0:
-    raise ValueError(f"fot.steps: must not be negative, got {config.fot.steps}")
-  if config.fot.get("disjoint_keys"):
-    task.check_disjoint(config.fot.slots, "fot.slots")
+  fot, base, ts = arms["fot"], arms["baseline"], train_settings(config, "fot")
+  if fot.disjoint_keys:
+    task.check_disjoint(fot.slots, "fot.slots")
   sched = Schedule(config.fot.curriculum)
   known = {"dictionary", "copy"} if config.warmup.enabled else {"dictionary"}
   bad = sorted({str(t) for t in sched.tasks() if t is not None and t not in known})
   if bad:
     raise ValueError(f"fot.curriculum: phase task(s) {bad} unknown; this experiment's tasks: {sorted(known)} "
                      f"('copy' needs warmup.enabled)")
-  if config.warmup.enabled and (2 * config.fot.window) % config.baseline.window:
-    raise ValueError(f"baseline.window={config.baseline.window} must divide the copy warm-up's documents "
-                     f"(2 x fot.window = {2 * config.fot.window} tokens)")
-  pack = task.doc_len // config.fot.window
+  if config.warmup.enabled and (2 * fot.window) % base.window:
+    raise ValueError(f"baseline.window={base.window} must divide the copy warm-up's documents "
+                     f"(2 x fot.window = {2 * fot.window} tokens)")
+  pack = task.doc_len // fot.window
   if sched.pack != pack:
     raise ValueError(f"fot.curriculum: pack size k={sched.pack} (w + 1) must equal the windows per "
-                     f"document, {task.doc_len} // {config.fot.window} = {pack}")
-  accum = int(config.fot.get("accum_steps", 1))
-  rows = config.fot.slots * pack
-  if accum <= 0 or config.fot.slots % accum:
-    raise ValueError(f"fot.accum_steps={accum} must divide fot.slots={config.fot.slots} "
+                     f"document, {task.doc_len} // {fot.window} = {pack}")
+  accum, rows = ts.accum_steps, fot.slots * pack
+  if fot.slots % accum:
+    raise ValueError(f"fot.accum_steps={accum} must divide fot.slots={fot.slots} "
                      f"(gradient accumulation never splits a pack)")
   for spec in sched.all_specs():  # every plan of the schedule must be buildable
     crossbatch.plan_from_spec(rows // accum, spec)
-  crossbatch.scored_rows(rows, pack, config.fot.loss_on)
-  validate_mesh(config, cfg, rows // accum, config.fot.get("crossbatch_scope", "batch"))
-  ev = config.eval
-  if ev.mode not in ("dense", "topk"):
-    raise ValueError(f"eval.mode: must be 'dense' or 'topk', got {ev.mode!r}")
-  for m in ev.memory_tokens:
+  crossbatch.scored_rows(rows, pack, ts.loss_on)
+  validate_mesh(config, cfg, rows // accum, ts.crossbatch_scope)
+  for m in dictionary_eval_settings(config).memory_tokens:
     if m % task.defs_len:
       raise ValueError(f"eval.memory_tokens: {m} is not a multiple of the definition block "
                        f"({task.defs_len} tokens)")
-    for arm in ("fot", "baseline"):
-      w = config[arm].window
-      if m + task.queries_len > w and m % w:
-        raise ValueError(f"eval.memory_tokens: {m} must be a multiple of {arm}.window={w}")
+    for arm, a in arms.items():
+      if m + task.queries_len > a.window and m % a.window:
+        raise ValueError(f"eval.memory_tokens: {m} must be a multiple of {arm}.window={a.window}")
 
 
 def train_shape(config):
@@ -186,8 +189,8 @@ def train_shape(config):
   if config.experiment in LM_EXPERIMENTS:
     d, t = lm_data_settings(config), config.train
     return d.slots * d.windows_per_slot, d.window, int(t.get("accum_steps", 1)), Schedule(t.curriculum)
-  sched = Schedule(config.fot.curriculum)
-  return config.fot.slots * sched.pack, config.fot.window, int(config.fot.get("accum_steps", 1)), sched
+  sched, fot = Schedule(config.fot.curriculum), dictionary_arm(config, "fot")
+  return fot.slots * sched.pack, fot.window, train_settings(config, "fot").accum_steps, sched
 
 
 def validate_lm(config, check_data: bool = True) -> None:

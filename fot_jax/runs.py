@@ -23,19 +23,19 @@ def _dictionary_run_fields(config, arm: str) -> dict:
   workdir's fingerprint, fot_jax.train.run_fingerprint): the task, the copy warm-up, the arm's
   window and slots, and the curriculum as configured (the baseline's own is derived from how
   FoT's ran, so it is FoT's configured one that must not change)."""
-  a = config[arm]
+  a = configs.dictionary_arm(config, arm)
   fields = {"data": config.data.to_dict(), "warmup": config.warmup.to_dict(),
-            arm: {"window": int(a.window), "slots": int(a.slots)},
-            "curriculum": config.fot.curriculum.to_dict()}
-  fields.setdefault("fot", {})["disjoint_keys"] = bool(config.fot.get("disjoint_keys"))
+            arm: {"window": a.window, "slots": a.slots}, "curriculum": config.fot.curriculum.to_dict()}
+  fields.setdefault("fot", {})["disjoint_keys"] = configs.dictionary_arm(config, "fot").disjoint_keys
   return fields
 
 
 def _dictionary_feeds(config, task, arm, seed, schedule):
   """The batch source(s) of an arm: {task name: batch function} for a curriculum over the copy
   warm-up and the lookup, or the lookup's alone for a curriculum that names no task."""
-  a = config[arm]
-  lookup = DictionaryBatches(task, a.slots, a.window, seed, disjoint_keys=bool(config.fot.get("disjoint_keys")))
+  a = configs.dictionary_arm(config, arm)
+  disjoint = configs.dictionary_arm(config, "fot").disjoint_keys  # the baseline sees FoT's documents
+  lookup = DictionaryBatches(task, a.slots, a.window, seed, disjoint_keys=disjoint)
   if schedule.tasks() == [None]:
     return lookup
   feeds = {"dictionary": lookup}
@@ -50,7 +50,8 @@ def warmup_task(config, task, arm: str) -> CopyTask:
   The baseline's repeat comes in `warmup.baseline_chunks` shuffled pieces (no fixed-offset copy)."""
   n = min(int(config.warmup.num_symbols), task.num_symbols + task.num_value_symbols)
   chunks = int(config.warmup.get("baseline_chunks", 1)) if arm == "baseline" else 1
-  return CopyTask(span=config.fot.window, num_symbols=n, symbol_offset=task.vocab_size - n, chunks=chunks)
+  span = configs.dictionary_arm(config, "fot").window
+  return CopyTask(span=span, num_symbols=n, symbol_offset=task.vocab_size - n, chunks=chunks)
 
 
 def baseline_schedule(fot_phases, fot_steps: int) -> Schedule:
@@ -67,8 +68,8 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
   """Trains FoT (per seed) and the baseline, evaluates accuracy against memory size and r_d
   against d, writes results.json and dictionary_lookup.png."""
   t_start = time.time()
-  cfg = configs.model_config(config)
-  task = configs.dictionary_task(config)
+  cfg, task, ev = configs.model_config(config), configs.dictionary_task(config), configs.dictionary_eval_settings(config)
+  arms = {arm: configs.dictionary_arm(config, arm) for arm in ("fot", "baseline")}
   seeds = [int(config.seed)] + [int(s) for s in config.get("extra_seeds", ())]
   trained = {}
   for seed in seeds:
@@ -76,28 +77,26 @@ def run_dictionary_lookup(config, workdir: str, train: bool = True) -> dict:
     schedule = Schedule(config.fot.curriculum)
     trained[name] = train_arm(cfg, configs.train_settings(config, "fot", seed), name, schedule,
                                _dictionary_feeds(config, task, "fot", seed, schedule), os.path.join(workdir, name),
-                               train, "dictionary_lookup", config.fot.window, _dictionary_run_fields(config, "fot"))
-  if config.baseline.enabled:
+                               train, "dictionary_lookup", arms["fot"].window, _dictionary_run_fields(config, "fot"))
+  if arms["baseline"].enabled:
     steps_run = trained["fot"]["steps_run"]
     schedule = baseline_schedule(trained["fot"]["phases"], steps_run)
     trained["baseline"] = train_arm(cfg, configs.train_settings(config, "baseline", seeds[0], steps_run), "baseline",
                                      schedule, _dictionary_feeds(config, task, "baseline", seeds[0], schedule),
                                      os.path.join(workdir, "baseline"), train, "dictionary_lookup",
-                                     config.baseline.window, _dictionary_run_fields(config, "baseline"))
-  windows = {name: (config.baseline.window if name == "baseline" else config.fot.window) for name in trained}
-  evalset = dictionary.DictionaryEvalSet(task, config.eval.n_docs, max(config.eval.memory_tokens),
-                                         config.eval.seed)
+                                     arms["baseline"].window, _dictionary_run_fields(config, "baseline"))
+  windows = {name: arms["baseline" if name == "baseline" else "fot"].window for name in trained}
+  evalset = dictionary.DictionaryEvalSet(task, ev.n_docs, max(ev.memory_tokens), ev.seed)
   results = {"config": {"model": cfg.__dict__, "task": task.__dict__, "eval": config.eval.to_dict(),
                         "fot": config.fot.to_dict(), "seeds": seeds}}
   for name, out in trained.items():
-    res = dictionary.evaluate(cfg, out["params"], evalset, windows[name], config.eval.memory_tokens,
-                              config.eval.mode, config.eval.topk, config.eval.batch, config.eval.chunk,
-                              name=name)
+    res = dictionary.evaluate(cfg, out["params"], evalset, windows[name], ev.memory_tokens, ev.mode, ev.topk,
+                              ev.batch, ev.chunk, name=name)
     res.update(train_seconds=out["seconds"], train_steps=out["steps_run"], window=windows[name],
                final_train_accuracy=out["final_accuracy"], phases=out["phases"])
     results[name] = res
   results["seeds"] = _seed_summary(results, seeds)
-  results["rd"] = _dictionary_rd(config, cfg, task, trained)
+  results["rd"] = _dictionary_rd(ev, cfg, task, trained)
   results["wall_seconds"] = time.time() - t_start
   results["provenance"] = provenance.provenance()
   if jax.process_index() == 0:
@@ -113,22 +112,22 @@ def _seed_summary(results, seeds):
           "min": acc.min(0).tolist(), "max": acc.max(0).tolist()}
 
 
-def _dictionary_rd(config, cfg, task, trained):
+def _dictionary_rd(ev, cfg, task, trained):
   """r_d against d for FoT and the baseline: each document's queries (one window of
   task.defs_len tokens) with its own definitions and d - 1 other documents' in memory.
 
   Two document sets: independent documents (other documents may define the query's key too,
   with another value: attention there is content-correct but counts as negative), and, for the
   d that the key space allows, documents that share no key (as the training batches)."""
-  ds = [int(d) for d in config.eval.rd_ds]
+  ds = list(ev.rd_ds)
   d_max = task.key_space // task.n_defs  # documents that can avoid sharing a key
   sets = {}  # label -> (ds, documents), the same documents for every arm
   for label, set_ds, disjoint in (("independent", ds, False), ("disjoint_keys", [d for d in ds if d <= d_max], True)):
     if set_ds:
-      docs = task.batch(int(config.eval.seed), 5, max(set_ds), disjoint_keys=disjoint)[0].astype(np.int32)
+      docs = task.batch(ev.seed, 5, max(set_ds), disjoint_keys=disjoint)[0].astype(np.int32)
       sets[label] = (set_ds, list(docs))
   return {name: {label: positive_attention_mass(cfg, trained[name]["params"], docs, task.queries_len, set_ds, 1,
-                                                int(config.eval.batch), name=f"{name} ({label})")
+                                                ev.batch, name=f"{name} ({label})")
                  for label, (set_ds, docs) in sets.items()}
           for name in ("fot", "baseline") if name in trained}
 

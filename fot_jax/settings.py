@@ -9,6 +9,8 @@ entry points and the study's config checks use it before anything heavy loads.
                  each runner builds it from its experiment's sections (runs, lm_runs, the study).
   LMDataSettings an LM experiment's `c.data`: the task, vocabulary and slot batch shape.
   LMEvalSettings an LM experiment's `c.eval`: perplexity against memory size.
+  DictionaryArm, DictionaryEvalSettings  the dictionary-lookup experiment's arms (`c.fot`,
+                 `c.baseline`: their batch shape) and evaluation (accuracy against memory, r_d).
 """
 from __future__ import annotations
 
@@ -227,3 +229,66 @@ class LMDataSettings:
     if not out["eval_task"]:
       out["eval_task"] = out["task"]
     return cls(**out)
+
+
+@dataclasses.dataclass(frozen=True)
+class DictionaryArm:
+  """A dictionary-lookup arm's batch shape (`c.fot`, `c.baseline`; their training fields are
+  TrainSettings'): rows of `window` tokens, `slots` documents per step, whether the FoT arm's
+  documents in one step share no key (negatives that never contradict the positive); `enabled`:
+  whether the arm runs (the baseline's switch)."""
+  window: int
+  slots: int
+  disjoint_keys: bool = False
+  enabled: bool = True
+
+  @classmethod
+  def from_section(cls, d: Mapping[str, Any], where: str) -> "DictionaryArm":
+    """The arm's shape fields from its section (which also holds TrainSettings' and its curriculum)."""
+    out = {}
+    for name in ("window", "slots"):
+      if name not in d:
+        raise ValueError(f"{where}.{name}: required")
+      out[name] = _number(d[name], f"{where}.{name}", int)
+      if out[name] <= 0:
+        raise ValueError(f"{where}.{name}: must be positive, got {out[name]}")
+    return cls(disjoint_keys=bool(d.get("disjoint_keys", False)), enabled=bool(d.get("enabled", True)), **out)
+
+
+@dataclasses.dataclass(frozen=True)
+class DictionaryEvalSettings:
+  """The dictionary-lookup experiment's evaluation (`c.eval`): accuracy with memory_tokens tokens of
+  other documents' definitions before the queries, n_docs documents (seeded by `seed`), memory read
+  densely or top-k (topk keys per query), batch rows at a time, chunk query tokens per attention
+  call; r_d with each d of rd_ds documents in memory."""
+  memory_tokens: Tuple[int, ...]
+  n_docs: int = 16
+  mode: str = "topk"
+  topk: int = 32
+  batch: int = 16
+  chunk: int = 8192
+  seed: int = 1234
+  rd_ds: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], where: str = "eval") -> "DictionaryEvalSettings":
+    d = _known_fields(cls, d, where)
+    if "memory_tokens" not in d:
+      raise ValueError(f"{where}.memory_tokens: required")
+    out = {}
+    for name in ("memory_tokens", "rd_ds"):
+      if name in d:
+        sizes = d[name]
+        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not list(sizes):
+          raise ValueError(f"{where}.{name}: a list of positive integers, got {sizes!r}")
+        out[name] = tuple(_number(m, f"{where}.{name}", int) for m in sizes)
+        if min(out[name]) <= 0:
+          raise ValueError(f"{where}.{name}: must be positive, got {list(out[name])}")
+    for name in ("n_docs", "topk", "batch", "chunk", "seed"):
+      if name in d:
+        out[name] = _number(d[name], f"{where}.{name}", int)
+        if name != "seed" and out[name] <= 0:
+          raise ValueError(f"{where}.{name}: must be positive, got {out[name]}")
+    if d.get("mode", "topk") not in MEMORY_READS:
+      raise ValueError(f"{where}.mode: must be 'dense' or 'topk', got {d['mode']!r}")
+    return cls(mode=d.get("mode", "topk"), **out)

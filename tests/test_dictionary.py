@@ -87,9 +87,7 @@ def test_fast_path_equals_window_by_window_inference(mode):
 def test_fast_path_logits_equal_generic_logits():
   """Stronger than equal accuracy: the query-window logits are the same."""
   import jax
-  import jax.numpy as jnp
   from fot_jax.inference import MemoryInference
-  from fot_jax.model.memory import MemoryBlock
   cfg = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=(1,))
   params = jax.tree_util.tree_map(lambda x: x * 5.0 if x.ndim == 2 else x, init_params(cfg, 1))
   window, context = TASK.defs_len, 4 * TASK.defs_len

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from fot_jax import checkpoint
-from fot_jax.eval import perplexity, report, suite
+from fot_jax.eval import perplexity, suite
 from fot_jax.eval import config as eval_config
 from fot_jax.inference import MemoryInference
 from fot_jax.model.config import get_size

@@ -42,7 +42,7 @@ def test_v4_32_dry_run_prints_every_command(capsys):
                     "> ~/fot_jax_run.log 2>&1 < /dev/null & echo $! > ~/fot_jax_run.pid")
   assert cmds[6][:7] == base + ["ssh", "fot-v4", "--worker=0"] and "tail" in cmds[6][7]
   assert len(cmds) == 7
-  tpu.main([f"--name=fot-v4", f"--zone={ZONE}", "--dry_run", "stop"])
+  tpu.main(["--name=fot-v4", f"--zone={ZONE}", "--dry_run", "stop"])
   assert _printed(capsys) == [base + ["ssh", "fot-v4", "--worker=all", "--command=kill -TERM $(cat ~/fot_jax_run.pid)",
                                       f"--zone={ZONE}"]]
 

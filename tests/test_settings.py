@@ -148,3 +148,21 @@ def test_an_lm_experiments_data_section_is_read_once(field, value, message):
     configs.lm_data_settings(ml_collections.ConfigDict({"data": dict(config.data.to_dict(), **{field: value})}))
   with pytest.raises(ValueError, match=r"data: unknown field\(s\) \['windows'\]"):
     configs.lm_data_settings(ml_collections.ConfigDict({"data": dict(config.data.to_dict(), windows=2)}))
+
+
+def test_the_dictionary_experiments_sections_are_read_once():
+  """The demo's arms and evaluation, typed: the values the runner uses, and errors naming the field."""
+  config = dictionary_lookup.get_config()
+  fot, base = configs.dictionary_arm(config, "fot"), configs.dictionary_arm(config, "baseline")
+  assert (fot.window, fot.slots, fot.disjoint_keys) == (config.fot.window, config.fot.slots, True)
+  assert (base.window, base.enabled, base.disjoint_keys) == (config.baseline.window, True, False)
+  ev = configs.dictionary_eval_settings(config)
+  assert ev.memory_tokens == tuple(config.eval.memory_tokens) and ev.rd_ds == tuple(config.eval.rd_ds)
+  assert configs.train_shape(config)[:2] == (fot.slots * 2, fot.window)  # packs of 2 windows of 32
+  for section, field, value, message in (("fot", "slots", 0, r"fot\.slots: must be positive"),
+                                         ("eval", "chunk", 0, r"eval\.chunk: must be positive"),
+                                         ("eval", "mode", "ivf", r"eval\.mode: must be 'dense' or 'topk'")):
+    bad = dictionary_lookup.get_config()
+    bad[section][field] = value
+    with pytest.raises(ValueError, match=message):
+      configs.validate(bad)

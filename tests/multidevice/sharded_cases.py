@@ -1,7 +1,6 @@
 """Sharding cases on 8 fake CPU devices. Run by tests/test_parallel.py in a subprocess with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (the main suite runs on 1 device)."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
