@@ -21,8 +21,8 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import (DictionaryArm, DictionaryEvalSettings, LMDataSettings, LMEvalSettings,
-                              TrainSettings)
+from fot_jax.settings import (CopyWarmupSettings, DictionaryArm, DictionaryEvalSettings, LMDataSettings,
+                              LMEvalSettings, TrainSettings)
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -84,20 +84,27 @@ def dictionary_task(config) -> DictionaryTask:
   return task
 
 
+def copy_warmup(config) -> CopyWarmupSettings:
+  """The experiment's copy warm-up (`c.warmup`, typed; off without the section). An LM run's names
+  its span, slots and ids; the dictionary experiment's spans are its arms' windows, its ids the
+  last `num_symbols` of its vocabulary."""
+  required = ("span", "slots", "num_symbols") if config.experiment in LM_EXPERIMENTS else ("num_symbols",)
+  return CopyWarmupSettings.from_dict(config.get("warmup"), "warmup", required)
+
+
 def warmup_task_name(config):
   """The curriculum task name of an LM run's copy warm-up (`c.warmup.task`), None without one."""
-  w = config.get("warmup")
-  return str(w.task) if w is not None and w.get("enabled", True) else None
+  w = copy_warmup(config)
+  return w.task if w.enabled else None
 
 
 def lm_warmup_task(config, arm: str = "fot") -> CopyTask:
   """An LM run's copy warm-up (`c.warmup`): spans of `span` random token ids (`num_symbols` ids
   from `symbol_offset`), repeated. The no-crossbatch arm's repeat comes in `baseline_chunks`
   shuffled pieces (its documents sit whole in one row, where a fixed-offset copy would not transfer)."""
-  w = config.warmup
-  return CopyTask(span=int(w.span), num_symbols=int(w.num_symbols), symbol_offset=int(w.symbol_offset),
-                  chunks=1 if arm == "fot" else int(w.get("baseline_chunks", 1)),
-                  distinct=bool(w.get("distinct", False)))
+  w = copy_warmup(config)
+  return CopyTask(span=w.span, num_symbols=w.num_symbols, symbol_offset=w.symbol_offset,
+                  chunks=1 if arm == "fot" else w.baseline_chunks, distinct=w.distinct)
 
 
 REPEAT_FIELDS = ("task", "fraction", "score_first")
@@ -155,12 +162,13 @@ def validate(config, check_data: bool = True) -> None:
   if fot.disjoint_keys:
     task.check_disjoint(fot.slots, "fot.slots")
   sched = Schedule(config.fot.curriculum)
-  known = {"dictionary", "copy"} if config.warmup.enabled else {"dictionary"}
+  warmup = copy_warmup(config)
+  known = {"dictionary", "copy"} if warmup.enabled else {"dictionary"}
   bad = sorted({str(t) for t in sched.tasks() if t is not None and t not in known})
   if bad:
     raise ValueError(f"fot.curriculum: phase task(s) {bad} unknown; this experiment's tasks: {sorted(known)} "
                      f"('copy' needs warmup.enabled)")
-  if config.warmup.enabled and (2 * fot.window) % base.window:
+  if warmup.enabled and (2 * fot.window) % base.window:
     raise ValueError(f"baseline.window={base.window} must divide the copy warm-up's documents "
                      f"(2 x fot.window = {2 * fot.window} tokens)")
   pack = task.doc_len // fot.window
@@ -237,7 +245,7 @@ def validate_lm(config, check_data: bool = True) -> None:
       raise ValueError(f"warmup: symbol ids {task.symbol_offset}..{task.vocab_size - 1} do not fit the "
                        f"model's vocabulary of {cfg.vocab_size}")
   for phase in warmup_phases:
-    crossbatch.plan_from_spec(2 * int(config.warmup.slots) // accum, phase["spec"])
+    crossbatch.plan_from_spec(2 * copy_warmup(config).slots // accum, phase["spec"])
   for task in sched.tasks():
     view = repeat_view(config, task)
     if view and (k < 2 or not 0.0 < view["fraction"] <= 1.0):
@@ -269,7 +277,7 @@ def validate_baselines(config) -> None:
   spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": int(b.memory_tokens), "topk": int(b.topk)})
   recurrent.check(spec, cfg, window)
   if warmup_task_name(config) is not None:  # the copy warm-up's windows hold memory too
-    recurrent.check(spec, cfg, int(config.warmup.span))
+    recurrent.check(spec, cfg, copy_warmup(config).span)
   unknown = sorted(set(b.get("suites", ())) - {"rd", "passkey"})
   if unknown:
     raise ValueError(f"baselines.suites: any of ('rd', 'passkey'), got {unknown}")

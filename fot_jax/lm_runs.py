@@ -47,7 +47,7 @@ def lm_copy_warmup(config, arm: str) -> CopyBatches:
   carry no position, so the circuit carries over; short windows make it form in a fraction of
   the steps: docs/data.md); the no-crossbatch arm sees each document whole in one row."""
   task = configs.lm_warmup_task(config, arm)
-  return CopyBatches(task, int(config.warmup.slots), task.span if arm == "fot" else task.doc_len,
+  return CopyBatches(task, configs.copy_warmup(config).slots, task.span if arm == "fot" else task.doc_len,
                      int(config.seed))
 
 

@@ -39,7 +39,7 @@ def _dictionary_feeds(config, task, arm, seed, schedule):
   if schedule.tasks() == [None]:
     return lookup
   feeds = {"dictionary": lookup}
-  if config.warmup.enabled:
+  if configs.copy_warmup(config).enabled:
     feeds["copy"] = CopyBatches(warmup_task(config, task, arm), a.slots, a.window, seed)
   return feeds
 
@@ -48,8 +48,9 @@ def warmup_task(config, task, arm: str) -> CopyTask:
   """The copy warm-up over the last `warmup.num_symbols` ids of the dictionary vocabulary: all
   value symbols and the last key symbols (fewer symbols: a much earlier induction phase change).
   The baseline's repeat comes in `warmup.baseline_chunks` shuffled pieces (no fixed-offset copy)."""
-  n = min(int(config.warmup.num_symbols), task.num_symbols + task.num_value_symbols)
-  chunks = int(config.warmup.get("baseline_chunks", 1)) if arm == "baseline" else 1
+  warmup = configs.copy_warmup(config)
+  n = min(warmup.num_symbols, task.num_symbols + task.num_value_symbols)
+  chunks = warmup.baseline_chunks if arm == "baseline" else 1
   span = configs.dictionary_arm(config, "fot").window
   return CopyTask(span=span, num_symbols=n, symbol_offset=task.vocab_size - n, chunks=chunks)
 

@@ -11,6 +11,7 @@ entry points and the study's config checks use it before anything heavy loads.
   LMEvalSettings an LM experiment's `c.eval`: perplexity against memory size.
   DictionaryArm, DictionaryEvalSettings  the dictionary-lookup experiment's arms (`c.fot`,
                  `c.baseline`: their batch shape) and evaluation (accuracy against memory, r_d).
+  CopyWarmupSettings  `c.warmup` of either experiment: the copy warm-up's ids, span and slots.
 """
 from __future__ import annotations
 
@@ -292,3 +293,46 @@ class DictionaryEvalSettings:
     if d.get("mode", "topk") not in MEMORY_READS:
       raise ValueError(f"{where}.mode: must be 'dense' or 'topk', got {d['mode']!r}")
     return cls(mode=d.get("mode", "topk"), **out)
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyWarmupSettings:
+  """A copy warm-up (`c.warmup`): a span of random token ids, then the same span again, so that
+  the repeat can only be read through the memory layer (the induction circuit forms in seconds).
+  `num_symbols` ids from `symbol_offset` (the dictionary experiment takes the last ids of its
+  vocabulary and its arms' window as the span), `distinct`: ids within a span never repeat;
+  `baseline_chunks`: the no-crossbatch arm's repeat in that many shuffled pieces (no fixed-offset
+  copy to learn); `task`: the curriculum task name its phases use; `slots`: copy documents per step
+  (an LM run's; the dictionary experiment uses its arm's slots)."""
+  enabled: bool = False
+  task: str = "copy"
+  span: int = 0
+  slots: int = 0
+  num_symbols: int = 0
+  symbol_offset: int = 0
+  baseline_chunks: int = 1
+  distinct: bool = False
+
+  @classmethod
+  def from_dict(cls, d: Optional[Mapping[str, Any]], where: str = "warmup",
+                required: Tuple[str, ...] = ()) -> "CopyWarmupSettings":
+    """None (no section): no warm-up. A section is on unless it says `enabled: False`; then each
+    of `required` (the experiment's) must be positive."""
+    if d is None:
+      return cls()
+    d = _known_fields(cls, d, where)
+    out = {"enabled": bool(d.get("enabled", True)), "distinct": bool(d.get("distinct", False))}
+    if not isinstance(d.get("task", "copy"), str) or not d.get("task", "copy"):
+      raise ValueError(f"{where}.task: a curriculum task name, got {d['task']!r}")
+    out["task"] = d.get("task", "copy")
+    for name in ("span", "slots", "num_symbols", "symbol_offset", "baseline_chunks"):
+      if name in d:
+        out[name] = _number(d[name], f"{where}.{name}", int)
+        if out[name] < (1 if name == "baseline_chunks" else 0):
+          raise ValueError(f"{where}.{name}: must be {'positive' if name == 'baseline_chunks' else '>= 0'}, "
+                           f"got {out[name]}")
+    s = cls(**out)
+    for name in required if s.enabled else ():
+      if getattr(s, name) <= 0:
+        raise ValueError(f"{where}.{name}: required (a positive integer) while the warm-up is enabled")
+    return s

@@ -166,3 +166,28 @@ def test_the_dictionary_experiments_sections_are_read_once():
     bad[section][field] = value
     with pytest.raises(ValueError, match=message):
       configs.validate(bad)
+
+
+def test_the_copy_warmup_is_read_once_for_either_experiment():
+  """c.warmup, typed: the LM run's span / slots / ids, the dictionary's ids; off without a section."""
+  from experiments import stdlib_lm_tiny
+  lm = stdlib_lm_tiny.get_config()
+  w = configs.copy_warmup(lm)
+  assert (w.enabled, w.task, w.span, w.slots, w.symbol_offset, w.distinct) == (
+      True, lm.warmup.task, lm.warmup.span, lm.warmup.slots, lm.warmup.symbol_offset, True)
+  task = configs.lm_warmup_task(lm, "baseline")
+  assert (task.span, task.chunks, task.num_symbols) == (w.span, lm.warmup.baseline_chunks, w.num_symbols)
+  del lm.warmup
+  assert configs.warmup_task_name(lm) is None and not configs.copy_warmup(lm).enabled
+  dl = dictionary_lookup.get_config()
+  assert configs.copy_warmup(dl).num_symbols == dl.warmup.num_symbols
+  for config, field, value, message in ((stdlib_lm_tiny.get_config(), "slots", 0, r"warmup\.slots: required"),
+                                        (stdlib_lm_tiny.get_config(), "baseline_chunks", 0,
+                                         r"warmup\.baseline_chunks: must be positive"),
+                                        (dictionary_lookup.get_config(), "spans", 2, r"warmup: unknown field")):
+    config.warmup[field] = value
+    with pytest.raises(ValueError, match=message):
+      configs.validate(config, check_data=False)
+  off = stdlib_lm_tiny.get_config()
+  off.warmup.enabled, off.warmup.slots = False, 0  # a switched-off warm-up needs no shape
+  assert configs.warmup_task_name(off) is None
