@@ -33,27 +33,29 @@ from fot_jax import cli, configs, jsonio, lm_runs, provenance, recurrent, runs
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import config as eval_config, perplexity, suite as suite_lib
 from fot_jax.inference import MemoryInference
+from fot_jax.settings import BASELINE_ARMS, BaselinesSettings
 
-ARMS = configs.BASELINE_ARMS
+ARMS = BASELINE_ARMS
 
 
-def arm_spec(arm: str, windows: int, b) -> dict:
+def arm_spec(arm: str, windows: int, b: BaselinesSettings) -> dict:
   """The spec an arm trains with where FoT trains with crossbatch."""
   if arm == "plain":
     return {}
   if arm == "transformer_xl":
     return {"memory": "transformer_xl", "windows": windows}
-  return {"memory": "memorizing", "windows": windows, "memory_tokens": int(b.memory_tokens), "topk": int(b.topk)}
+  return {"memory": "memorizing", "windows": windows, "memory_tokens": b.memory_tokens, "topk": b.topk}
 
 
-def arm_schedule(arm: str, fot_phases: List[dict], fot_steps: int, windows: int, b) -> Schedule:
+def arm_schedule(arm: str, fot_phases: List[dict], fot_steps: int, windows: int,
+                 b: BaselinesSettings) -> Schedule:
   """FoT's phases as they ran (names, tasks, step counts), with the arm's spec; the hybrid keeps
   FoT's specs and turns the last b.hybrid_steps steps into a memorizing phase on the last task."""
   phases = [{"name": p["name"], "task": p["task"], "spec": p["spec"],
              "steps": (p["end"] if p["end"] is not None else fot_steps) - p["start"]} for p in fot_phases]
   phases = [p for p in phases if p["steps"] > 0]
   if arm == "hybrid":
-    tail = int(b.hybrid_steps)
+    tail = b.hybrid_steps
     if not 0 < tail < sum(p["steps"] for p in phases):
       raise ValueError(f"baselines.hybrid_steps: {tail} must be between 0 and FoT's {fot_steps} steps")
     last, cut = phases[-1], tail
@@ -80,8 +82,9 @@ def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dic
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
   ev, data, sc = configs.lm_eval_settings(config), configs.lm_data_settings(config), eval_config.default_config()
   sc.task, sc.batch, sc.window, sc.mode, sc.topk = data.eval_task, ev.batch, data.window, ev.mode, ev.topk
-  sc.rd.update(config.baselines.rd.to_dict())
-  sc.passkey.update(config.baselines.passkey.to_dict())
+  b = configs.baselines_settings(config)
+  sc.rd.update(b.rd)
+  sc.passkey.update(b.passkey)
 
   class ArmContext(suite_lib.Context):
     def __init__(self):  # the trained arm as it is: nothing read from disk
@@ -93,7 +96,7 @@ def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dic
       return inference
 
   ctx = ArmContext()
-  suites = set(config.baselines.suites)
+  suites = set(b.suites)
   return {"passkey": suite_lib.run_passkey(ctx) if "passkey" in suites else None,
           "rd": suite_lib.run_rd(ctx) if "rd" in suites and arm != "transformer_xl" else None}
 
@@ -105,21 +108,19 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
   cfg = configs.model_config(config)
   data = configs.lm_data_settings(config)
   vocab = vocab_lib.get_vocabulary(data.vocab)
-  b, ev = config.baselines, configs.lm_eval_settings(config)
+  b, ev = configs.baselines_settings(config), configs.lm_eval_settings(config)
   k = data.windows_per_slot
   docs = lm_runs.lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
   print(f"baselines: {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   results = {"config": config.to_dict(), "memory_tokens": [int(m) for m in ev.memory_tokens],
              "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),
              "seeds": {}, "training": {}, "rd": {}, "passkey": {}}
-  for seed in [int(s) for s in b.seeds]:
+  for seed in b.seeds:
     seeded = config.copy_and_resolve_references()
     with seeded.unlocked():
       seeded.seed = seed
     fot_run = None
-    extra = b.get("extra_seed_arms", b.arms)
-    arms = list(b.arms) if seed == int(b.seeds[0]) else [a for a in b.arms if a in extra]
-    for arm in arms:
+    for arm in b.arms_of_seed(seed):
       name = f"{arm}_seed{seed}"
       arm_dir = os.path.join(workdir, name)
       schedule = (Schedule(seeded.train.curriculum) if arm == "fot" else
@@ -139,7 +140,7 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
       results["training"].setdefault(arm, {})[str(seed)] = {
           "steps": out["steps_run"], "seconds": out["seconds"], "phases": out["phases"],
           "final_train_loss": float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None}
-      if seed == int(b.seeds[0]):
+      if seed == b.seeds[0]:
         extras = _suite_extras(arm, arm_dir, cfg, out["params"], inference, config)
         results["rd"][arm], results["passkey"][arm] = extras["rd"], extras["passkey"]
       _summarise(results, t_start)

@@ -21,8 +21,8 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import (CopyWarmupSettings, DictionaryArm, DictionaryEvalSettings, LMDataSettings,
-                              LMEvalSettings, TrainSettings)
+from fot_jax.settings import (BaselinesSettings, CopyWarmupSettings, DictionaryArm,
+                              DictionaryEvalSettings, LMDataSettings, LMEvalSettings, TrainSettings)
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -257,32 +257,19 @@ def validate_lm(config, check_data: bool = True) -> None:
   validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
 
 
-# experiment 'baselines' (fot_jax/baselines.py): FoT first, then the paper's comparisons
-BASELINE_ARMS = ("fot", "memorizing", "transformer_xl", "plain", "hybrid")
+# experiment 'baselines' (fot_jax/baselines.py): FoT first, then the paper's comparisons (BASELINE_ARMS)
+def baselines_settings(config) -> BaselinesSettings:
+  """The 'baselines' experiment's `baselines` section, typed and checked."""
+  return BaselinesSettings.from_dict(config.baselines, "baselines")
 
 
 def validate_baselines(config) -> None:
-  b = config.baselines
-  unknown = sorted(set(b.arms) - set(BASELINE_ARMS))
-  if unknown or not b.arms or b.arms[0] != "fot":
-    raise ValueError(f"baselines.arms: 'fot' first, then any of {BASELINE_ARMS}; got {list(b.arms)}")
-  if not b.seeds:
-    raise ValueError("baselines.seeds: at least one seed")
-  extra = list(b.get("extra_seed_arms", b.arms))
-  if len(b.seeds) > 1 and (sorted(set(extra) - set(BASELINE_ARMS)) or "fot" not in extra):
-    # names outside baselines.arms are allowed (a run of fewer arms keeps the file's list): not run
-    raise ValueError(f"baselines.extra_seed_arms: 'fot' (the others follow its phases) and any of "
-                     f"{BASELINE_ARMS}; got {extra}")
+  b = baselines_settings(config)
   cfg, window = model_config(config), lm_data_settings(config).window
-  spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": int(b.memory_tokens), "topk": int(b.topk)})
+  spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": b.memory_tokens, "topk": b.topk})
   recurrent.check(spec, cfg, window)
   if warmup_task_name(config) is not None:  # the copy warm-up's windows hold memory too
     recurrent.check(spec, cfg, copy_warmup(config).span)
-  unknown = sorted(set(b.get("suites", ())) - {"rd", "passkey"})
-  if unknown:
-    raise ValueError(f"baselines.suites: any of ('rd', 'passkey'), got {unknown}")
-  if "hybrid" in b.arms and int(b.hybrid_steps) <= 0:
-    raise ValueError(f"baselines.hybrid_steps: must be positive, got {b.hybrid_steps}")
 
 
 INIT_FROM_HINT = ("make one with `python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`, or give a "

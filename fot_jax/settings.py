@@ -12,6 +12,7 @@ entry points and the study's config checks use it before anything heavy loads.
   DictionaryArm, DictionaryEvalSettings  the dictionary-lookup experiment's arms (`c.fot`,
                  `c.baseline`: their batch shape) and evaluation (accuracy against memory, r_d).
   CopyWarmupSettings  `c.warmup` of either experiment: the copy warm-up's ids, span and slots.
+  BaselinesSettings   the 'baselines' experiment's arms, seeds and Memorizing Transformer memory.
 """
 from __future__ import annotations
 
@@ -336,3 +337,64 @@ class CopyWarmupSettings:
       if getattr(s, name) <= 0:
         raise ValueError(f"{where}.{name}: required (a positive integer) while the warm-up is enabled")
     return s
+
+
+BASELINE_ARMS = ("fot", "memorizing", "transformer_xl", "plain", "hybrid")
+BASELINE_SUITES = ("rd", "passkey")
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselinesSettings:
+  """The 'baselines' experiment's `c.baselines`: the arms (FoT first: the others follow its phases),
+  the seeds (every arm on the first, `extra_seed_arms` on the others), the Memorizing Transformer's
+  training memory (`memory_tokens` per slot, `topk` keys per query, 0: all), the hybrid's memorizing
+  tail (`hybrid_steps`), and the evaluation suites run per arm on the first seed (`rd`, `passkey`:
+  their settings over the suite's defaults)."""
+  arms: Tuple[str, ...]
+  seeds: Tuple[int, ...]
+  memory_tokens: int
+  extra_seed_arms: Tuple[str, ...] = ()
+  topk: int = 0
+  hybrid_steps: int = 0
+  suites: Tuple[str, ...] = ()
+  rd: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  passkey: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], where: str = "baselines") -> "BaselinesSettings":
+    """extra_seed_arms defaults to every arm; names outside `arms` are allowed there (a run of fewer
+    arms keeps the file's list) and not run."""
+    d = _known_fields(cls, d, where)
+    arms = tuple(str(a) for a in d.get("arms", ()))
+    if sorted(set(arms) - set(BASELINE_ARMS)) or not arms or arms[0] != "fot":
+      raise ValueError(f"{where}.arms: 'fot' first, then any of {BASELINE_ARMS}; got {list(arms)}")
+    seeds = tuple(_number(s, f"{where}.seeds", int) for s in d.get("seeds", ()))
+    if not seeds:
+      raise ValueError(f"{where}.seeds: at least one seed")
+    extra = tuple(str(a) for a in d.get("extra_seed_arms", arms))
+    if len(seeds) > 1 and (sorted(set(extra) - set(BASELINE_ARMS)) or "fot" not in extra):
+      raise ValueError(f"{where}.extra_seed_arms: 'fot' (the others follow its phases) and any of "
+                       f"{BASELINE_ARMS}; got {list(extra)}")
+    if "memory_tokens" not in d:
+      raise ValueError(f"{where}.memory_tokens: required (the Memorizing Transformer's training memory)")
+    out = {name: _number(d[name], f"{where}.{name}", int) for name in ("memory_tokens", "topk", "hybrid_steps")
+           if name in d}
+    for name, v in out.items():
+      if v < 0:
+        raise ValueError(f"{where}.{name}: must not be negative, got {v}")
+    if "hybrid" in arms and out.get("hybrid_steps", 0) <= 0:
+      raise ValueError(f"{where}.hybrid_steps: must be positive, got {d.get('hybrid_steps')}")
+    suites = tuple(str(s) for s in d.get("suites", ()))
+    unknown = sorted(set(suites) - set(BASELINE_SUITES))
+    if unknown:
+      raise ValueError(f"{where}.suites: any of {BASELINE_SUITES}, got {unknown}")
+    for name in ("rd", "passkey"):
+      if d.get(name) is not None:
+        if not hasattr(d[name], "keys"):
+          raise ValueError(f"{where}.{name}: the {name} suite's settings (a dict), got {d[name]!r}")
+        out[name] = dict(d[name])
+    return cls(arms=arms, seeds=seeds, extra_seed_arms=extra, suites=suites, **out)
+
+  def arms_of_seed(self, seed: int) -> Tuple[str, ...]:
+    """The arms trained with `seed`: all on the first seed, those of extra_seed_arms on the others."""
+    return self.arms if seed == self.seeds[0] else tuple(a for a in self.arms if a in self.extra_seed_arms)

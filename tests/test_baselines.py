@@ -1,14 +1,16 @@
 """Experiment 'baselines': the arms' curricula and one end-to-end run (fot_jax/baselines.py; Transformer-XL's
 training and inference paths are tested in test_recurrent_memory.py)."""
+import dataclasses
 import json
 
-import ml_collections
 import pytest
 
 from experiments import baselines_stdlib
 from fot_jax import baselines, configs
+from fot_jax.settings import BaselinesSettings
 
-B = ml_collections.ConfigDict({"memory_tokens": 256, "topk": 8, "hybrid_steps": 5})
+B = BaselinesSettings.from_dict({"arms": ("fot", "memorizing", "hybrid"), "seeds": (0,), "memory_tokens": 256,
+                                 "topk": 8, "hybrid_steps": 5})
 FOT_PHASES = [{"name": "copy", "task": "copy", "spec": {"d": 1, "w": 1}, "start": 0, "end": 7},
               {"name": "lm", "task": "lm", "spec": {"d": 8, "w": 1}, "start": 7, "end": None}]
 
@@ -28,7 +30,7 @@ def test_each_arm_follows_fots_phases_with_its_own_method():
   assert _phases(baselines.arm_schedule("hybrid", FOT_PHASES, 10, 2, B)) == [
       ("copy", "copy", {"d": 1, "w": 1}, 5), ("memorizing", "lm", mt, 5)]
   with pytest.raises(ValueError, match="hybrid_steps"):  # no crossbatch step would be left
-    baselines.arm_schedule("hybrid", FOT_PHASES, 10, 2, ml_collections.ConfigDict(dict(B, hybrid_steps=10)))
+    baselines.arm_schedule("hybrid", FOT_PHASES, 10, 2, dataclasses.replace(B, hybrid_steps=10))
 
 
 def test_bad_arms_are_named():
@@ -64,7 +66,7 @@ def test_run_trains_every_arm_and_writes_the_table(tmp_path):
 
 def _part(arms_seeds, mems=(0, 64)):
   """A results dict as run_baselines writes it, for the arm-seeds given (perplexity = seed + arm index)."""
-  order = list(configs.BASELINE_ARMS)
+  order = list(baselines.ARMS)
   seeds = {a: {str(s): [float(s + order.index(a) + i) for i in range(len(mems))] for s in ss}
            for a, ss in arms_seeds.items()}
   return {"config": {"baselines": {"arms": order}}, "memory_tokens": list(mems), "n_docs": 2,

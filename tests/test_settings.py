@@ -191,3 +191,22 @@ def test_the_copy_warmup_is_read_once_for_either_experiment():
   off = stdlib_lm_tiny.get_config()
   off.warmup.enabled, off.warmup.slots = False, 0  # a switched-off warm-up needs no shape
   assert configs.warmup_task_name(off) is None
+
+
+def test_the_baselines_section_is_read_once():
+  """c.baselines, typed: which arms each seed trains, and errors naming the field."""
+  from experiments import baselines_stdlib
+  config = baselines_stdlib.get_config()
+  b = configs.baselines_settings(config)
+  assert b.arms_of_seed(b.seeds[0]) == tuple(config.baselines.arms)
+  config.baselines.extra_seed_arms = ("fot", "plain", "hybrid")  # hybrid: not in this run
+  config.baselines.arms = ("fot", "memorizing", "plain")
+  assert configs.baselines_settings(config).arms_of_seed(1) == ("fot", "plain")
+  for field, value, message in (("suites", ("rd", "ppl"), r"baselines\.suites: any of \('rd', 'passkey'\)"),
+                                ("hybrid_steps", 0, r"baselines\.hybrid_steps: must be positive"),
+                                ("topk", -1, r"baselines\.topk: must not be negative"),
+                                ("seeds", (), r"baselines\.seeds: at least one seed")):
+    bad = baselines_stdlib.get_test_config()
+    bad.baselines[field] = value
+    with pytest.raises(ValueError, match=message):
+      configs.validate(bad, check_data=False)
