@@ -154,11 +154,11 @@ def validate(config, check_data: bool = True) -> None:
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
   arms = {arm: dictionary_arm(config, arm) for arm in ("fot", "baseline")}
+  ts = {arm: train_settings(config, arm) for arm in arms}  # each arm's training fields checked
   for arm, a in arms.items():
-    train_settings(config, arm)
     if task.doc_len % a.window:
       raise ValueError(f"{arm}.window={a.window} must divide the document length {task.doc_len}")
-  fot, base, ts = arms["fot"], arms["baseline"], train_settings(config, "fot")
+  fot, base = arms["fot"], arms["baseline"]
   if fot.disjoint_keys:
     task.check_disjoint(fot.slots, "fot.slots")
   sched = Schedule(config.fot.curriculum)
@@ -175,14 +175,14 @@ def validate(config, check_data: bool = True) -> None:
   if sched.pack != pack:
     raise ValueError(f"fot.curriculum: pack size k={sched.pack} (w + 1) must equal the windows per "
                      f"document, {task.doc_len} // {fot.window} = {pack}")
-  accum, rows = ts.accum_steps, fot.slots * pack
+  accum, rows = ts["fot"].accum_steps, fot.slots * pack
   if fot.slots % accum:
     raise ValueError(f"fot.accum_steps={accum} must divide fot.slots={fot.slots} "
                      f"(gradient accumulation never splits a pack)")
   for spec in sched.all_specs():  # every plan of the schedule must be buildable
     crossbatch.plan_from_spec(rows // accum, spec)
-  crossbatch.scored_rows(rows, pack, ts.loss_on)
-  validate_mesh(config, cfg, rows // accum, ts.crossbatch_scope)
+  crossbatch.scored_rows(rows, pack, ts["fot"].loss_on)
+  validate_mesh(config, cfg, rows // accum, ts["fot"].crossbatch_scope)
   for m in dictionary_eval_settings(config).memory_tokens:
     if m % task.defs_len:
       raise ValueError(f"eval.memory_tokens: {m} is not a multiple of the definition block "
@@ -244,8 +244,9 @@ def validate_lm(config, check_data: bool = True) -> None:
     if task.vocab_size > cfg.vocab_size:
       raise ValueError(f"warmup: symbol ids {task.symbol_offset}..{task.vocab_size - 1} do not fit the "
                        f"model's vocabulary of {cfg.vocab_size}")
+  copy_rows = 2 * copy_warmup(config).slots // accum  # two windows per warm-up slot
   for phase in warmup_phases:
-    crossbatch.plan_from_spec(2 * copy_warmup(config).slots // accum, phase["spec"])
+    crossbatch.plan_from_spec(copy_rows, phase["spec"])
   for task in sched.tasks():
     view = repeat_view(config, task)
     if view and (k < 2 or not 0.0 < view["fraction"] <= 1.0):

@@ -29,6 +29,39 @@ def _number(value, where: str, kind=float):
   return kind(value)
 
 
+def _bound(least: int) -> str:
+  return "positive" if least == 1 else f">= {least}"
+
+
+def _at_least(value: int, where: str, least: Optional[int]) -> int:
+  """value, or an error naming `where` when it is below `least` (None: no bound)."""
+  if least is not None and value < least:
+    raise ValueError(f"{where}: must be {_bound(least)}, got {value}")
+  return value
+
+
+def _ints(d: Mapping[str, Any], names, where: str, least: Optional[int]) -> Dict[str, int]:
+  """The integer fields `names` that d holds, each at least `least`; errors name `where.FIELD`."""
+  return {n: _at_least(_number(d[n], f"{where}.{n}", int), f"{where}.{n}", least) for n in names if n in d}
+
+
+def _int_list(values, where: str, least: int) -> Tuple[int, ...]:
+  """A non-empty list of integers, each at least `least` (memory sizes, d values)."""
+  if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or not list(values):
+    raise ValueError(f"{where}: a list of integers, got {values!r}")
+  out = tuple(_number(v, where, int) for v in values)
+  if min(out) < least:
+    raise ValueError(f"{where}: must be {_bound(least)}, got {list(out)}")
+  return out
+
+
+def _dict(value, where: str, what: str) -> Dict[str, Any]:
+  """A dict field (a ConfigDict or a mapping) as a plain dict; `what` says what it holds in the error."""
+  if not hasattr(value, "keys"):
+    raise ValueError(f"{where}: {what}, got {value!r}")
+  return dict(value)
+
+
 def _known_fields(cls, d, where: str) -> Dict[str, Any]:
   """d (a dict or a ConfigDict) as a plain dict; a field cls does not have fails naming it."""
   d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
@@ -161,19 +194,9 @@ class LMEvalSettings:
   @classmethod
   def from_dict(cls, d: Mapping[str, Any], where: str = "eval") -> "LMEvalSettings":
     d = _known_fields(cls, d, where)
-    out = {}
+    out = _ints(d, ("score_tokens", "n_docs", "batch", "topk"), where, 1)
     if "memory_tokens" in d:
-      sizes = d["memory_tokens"]
-      if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not list(sizes):
-        raise ValueError(f"{where}.memory_tokens: a list of memory sizes, got {sizes!r}")
-      out["memory_tokens"] = tuple(_number(m, f"{where}.memory_tokens", int) for m in sizes)
-      if min(out["memory_tokens"]) < 0:
-        raise ValueError(f"{where}.memory_tokens: must be >= 0, got {list(out['memory_tokens'])}")
-    for name in ("score_tokens", "n_docs", "batch", "topk"):
-      if name in d:
-        out[name] = _number(d[name], f"{where}.{name}", int)
-        if out[name] <= 0:
-          raise ValueError(f"{where}.{name}: must be positive, got {out[name]}")
+      out["memory_tokens"] = _int_list(d["memory_tokens"], f"{where}.memory_tokens", 0)
     if d.get("mode", "dense") not in MEMORY_READS:
       raise ValueError(f"{where}.mode: must be 'dense' or 'topk', got {d['mode']!r}")
     if d.get("doc_mode", "single_doc") != "single_doc":
@@ -210,13 +233,8 @@ class LMDataSettings:
                and f.default_factory is dataclasses.MISSING]
     if missing:
       raise ValueError(f"{where}: missing field(s) {missing}")
-    out = {}
-    for name in ("slots", "windows_per_slot", "window", "min_doc_len", "max_doc_len"):
-      if name in d:
-        out[name] = _number(d[name], f"{where}.{name}", int)
-        if out[name] < (0 if name == "max_doc_len" else 1):
-          raise ValueError(f"{where}.{name}: must be {'>= 0' if name == 'max_doc_len' else 'positive'}, "
-                           f"got {out[name]}")
+    out = {**_ints(d, ("slots", "windows_per_slot", "window", "min_doc_len"), where, 1),
+           **_ints(d, ("max_doc_len",), where, 0)}
     for name in ("task", "vocab", "split", "eval_task", "eval_split"):
       if name in d:
         if not isinstance(d[name], str):
@@ -224,9 +242,7 @@ class LMDataSettings:
         out[name] = d[name]
     for name in ("repeats", "retrieval"):
       if d.get(name) is not None:
-        if not hasattr(d[name], "keys"):
-          raise ValueError(f"{where}.{name}: a dict of curriculum task name -> its settings, got {d[name]!r}")
-        out[name] = dict(d[name])
+        out[name] = _dict(d[name], f"{where}.{name}", "a dict of curriculum task name -> its settings")
     out.setdefault("eval_task", out["task"])  # '' or absent: held out from the training task
     if not out["eval_task"]:
       out["eval_task"] = out["task"]
@@ -247,13 +263,10 @@ class DictionaryArm:
   @classmethod
   def from_section(cls, d: Mapping[str, Any], where: str) -> "DictionaryArm":
     """The arm's shape fields from its section (which also holds TrainSettings' and its curriculum)."""
-    out = {}
     for name in ("window", "slots"):
       if name not in d:
         raise ValueError(f"{where}.{name}: required")
-      out[name] = _number(d[name], f"{where}.{name}", int)
-      if out[name] <= 0:
-        raise ValueError(f"{where}.{name}: must be positive, got {out[name]}")
+    out = _ints(d, ("window", "slots"), where, 1)
     return cls(disjoint_keys=bool(d.get("disjoint_keys", False)), enabled=bool(d.get("enabled", True)), **out)
 
 
@@ -277,20 +290,10 @@ class DictionaryEvalSettings:
     d = _known_fields(cls, d, where)
     if "memory_tokens" not in d:
       raise ValueError(f"{where}.memory_tokens: required")
-    out = {}
+    out = {**_ints(d, ("n_docs", "topk", "batch", "chunk"), where, 1), **_ints(d, ("seed",), where, None)}
     for name in ("memory_tokens", "rd_ds"):
       if name in d:
-        sizes = d[name]
-        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not list(sizes):
-          raise ValueError(f"{where}.{name}: a list of positive integers, got {sizes!r}")
-        out[name] = tuple(_number(m, f"{where}.{name}", int) for m in sizes)
-        if min(out[name]) <= 0:
-          raise ValueError(f"{where}.{name}: must be positive, got {list(out[name])}")
-    for name in ("n_docs", "topk", "batch", "chunk", "seed"):
-      if name in d:
-        out[name] = _number(d[name], f"{where}.{name}", int)
-        if name != "seed" and out[name] <= 0:
-          raise ValueError(f"{where}.{name}: must be positive, got {out[name]}")
+        out[name] = _int_list(d[name], f"{where}.{name}", 1)
     if d.get("mode", "topk") not in MEMORY_READS:
       raise ValueError(f"{where}.mode: must be 'dense' or 'topk', got {d['mode']!r}")
     return cls(mode=d.get("mode", "topk"), **out)
@@ -326,12 +329,8 @@ class CopyWarmupSettings:
     if not isinstance(d.get("task", "copy"), str) or not d.get("task", "copy"):
       raise ValueError(f"{where}.task: a curriculum task name, got {d['task']!r}")
     out["task"] = d.get("task", "copy")
-    for name in ("span", "slots", "num_symbols", "symbol_offset", "baseline_chunks"):
-      if name in d:
-        out[name] = _number(d[name], f"{where}.{name}", int)
-        if out[name] < (1 if name == "baseline_chunks" else 0):
-          raise ValueError(f"{where}.{name}: must be {'positive' if name == 'baseline_chunks' else '>= 0'}, "
-                           f"got {out[name]}")
+    out.update(_ints(d, ("span", "slots", "num_symbols", "symbol_offset"), where, 0))
+    out.update(_ints(d, ("baseline_chunks",), where, 1))
     s = cls(**out)
     for name in required if s.enabled else ():
       if getattr(s, name) <= 0:
@@ -377,11 +376,7 @@ class BaselinesSettings:
                        f"{BASELINE_ARMS}; got {list(extra)}")
     if "memory_tokens" not in d:
       raise ValueError(f"{where}.memory_tokens: required (the Memorizing Transformer's training memory)")
-    out = {name: _number(d[name], f"{where}.{name}", int) for name in ("memory_tokens", "topk", "hybrid_steps")
-           if name in d}
-    for name, v in out.items():
-      if v < 0:
-        raise ValueError(f"{where}.{name}: must not be negative, got {v}")
+    out = _ints(d, ("memory_tokens", "topk", "hybrid_steps"), where, 0)
     if "hybrid" in arms and out.get("hybrid_steps", 0) <= 0:
       raise ValueError(f"{where}.hybrid_steps: must be positive, got {d.get('hybrid_steps')}")
     suites = tuple(str(s) for s in d.get("suites", ()))
@@ -390,9 +385,7 @@ class BaselinesSettings:
       raise ValueError(f"{where}.suites: any of {BASELINE_SUITES}, got {unknown}")
     for name in ("rd", "passkey"):
       if d.get(name) is not None:
-        if not hasattr(d[name], "keys"):
-          raise ValueError(f"{where}.{name}: the {name} suite's settings (a dict), got {d[name]!r}")
-        out[name] = dict(d[name])
+        out[name] = _dict(d[name], f"{where}.{name}", f"the {name} suite's settings (a dict)")
     return cls(arms=arms, seeds=seeds, extra_seed_arms=extra, suites=suites, **out)
 
   def arms_of_seed(self, seed: int) -> Tuple[str, ...]:

@@ -204,7 +204,7 @@ def test_the_baselines_section_is_read_once():
   assert configs.baselines_settings(config).arms_of_seed(1) == ("fot", "plain")
   for field, value, message in (("suites", ("rd", "ppl"), r"baselines\.suites: any of \('rd', 'passkey'\)"),
                                 ("hybrid_steps", 0, r"baselines\.hybrid_steps: must be positive"),
-                                ("topk", -1, r"baselines\.topk: must not be negative"),
+                                ("topk", -1, r"baselines\.topk: must be >= 0"),
                                 ("seeds", (), r"baselines\.seeds: at least one seed")):
     bad = baselines_stdlib.get_test_config()
     bad.baselines[field] = value
