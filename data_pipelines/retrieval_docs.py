@@ -15,6 +15,11 @@ What the model may learn from, and what it must not (docs/retrieval.md):
   statement (the answer has to be found by its key, not by repeating the sentence).
 * Haystacks: a short cycle of sentences repeated (near-identical distractors, as passkey
   filler is), varied generated prose, or other facts under other keys (the multi-key case).
+  Hard negatives: `near_keys` of those other keys share a part with an asked key (its adjective
+  or noun, first or last name, leading digits), so a fact is found by its whole key; and with
+  `shared_shape` a step's documents all state their facts in one template, kind and key kind,
+  so the crossbatch negatives (other slots' windows) are look-alike facts too, never the same
+  key (the multi-key case at the scale of memory, not only of one document).
 * No evaluation template: the phrases of `fot_jax.eval` prompts (passkey, NIAH, the RULER-style
   suite) never occur here (tests/test_retrieval_docs.py checks generated documents).
 * A `text_slots` share of the slots is natural text from an LM task (the slot batcher, resumable),
@@ -97,6 +102,26 @@ def make_key(kind: str, rng: np.random.Generator) -> str:
   raise ValueError(f"retrieval: unknown key kind {kind!r}; known: {KEY_KINDS}")
 
 
+def make_similar_key(key: str, kind: str, rng: np.random.Generator) -> str:
+  """A key of the same kind sharing a visible part with `key`: a hard negative that only the
+  whole key tells apart (word: the adjective or the noun; name: the first or last name; number:
+  the first two digits; hex: the first four characters)."""
+  if kind == "word":
+    adj, noun = key.split("-")
+    keep_adj = rng.random() < 0.5
+    other = make_key("word", rng).split("-")
+    return f"{adj}-{other[1]}" if keep_adj else f"{other[0]}-{noun}"
+  if kind == "name":
+    first, initial, last = key.split(" ")
+    new_first, new_initial, new_last = make_key("name", rng).split(" ")
+    return (f"{first} {new_initial} {new_last}" if rng.random() < 0.5 else f"{new_first} {new_initial} {last}")
+  if kind == "number":
+    return f"unit {key[5:7]}{int(rng.integers(100)):02d}"
+  if kind == "hex":
+    return key[:4] + "".join(rng.choice(list("0123456789abcdef"), 4))
+  raise ValueError(f"retrieval: unknown key kind {kind!r}; known: {KEY_KINDS}")
+
+
 def make_value(rng: np.random.Generator) -> str:
   return str(int(rng.integers(10 ** int(rng.integers(4, 7)), 10 ** 7)))  # 5 to 7 digits
 
@@ -107,9 +132,11 @@ class KeyPool:
   def __init__(self, rng: np.random.Generator):
     self.rng, self.used = rng, set()
 
-  def draw(self, kind: str) -> str:
-    for _ in range(1000):
-      key = make_key(kind, self.rng)
+  def draw(self, kind: str, like: Optional[str] = None) -> str:
+    """A fresh key; `like`: one sharing a part with that key (make_similar_key), else any."""
+    for attempt in range(1000):
+      near = like is not None and attempt < 50  # a near key's space can be small: then any key
+      key = make_similar_key(like, kind, self.rng) if near else make_key(kind, self.rng)
       if key not in self.used:
         self.used.add(key)
         return key
@@ -130,6 +157,11 @@ class RetrievalSpec:
   queries: Tuple[int, int] = (1, 2)
   memory_fraction: float = 0.9  # share of asked facts placed before the question's window
   haystacks: Tuple[str, ...] = HAYSTACKS
+  # hard negatives: the share of a 'facts' haystack's keys made like an asked key, and the share
+  # of steps whose documents all share one statement template, kind and key kind with a 'facts'
+  # haystack (every crossbatch negative then a look-alike fact under another key)
+  near_keys: float = 0.0
+  shared_shape: float = 0.0
   text_task: str = ""  # LM task of the natural-text slots ('' = none)
   text_slots: float = 0.0  # share of the slots (rounded down) holding natural text
   text_scored_windows: int = 1
@@ -161,6 +193,9 @@ class RetrievalSpec:
     bad = sorted(set(self.haystacks) - set(HAYSTACKS))
     if bad or not self.haystacks:
       raise ValueError(f"{where}.haystacks: choose from {HAYSTACKS}, got {list(self.haystacks)}")
+    for name in ("near_keys", "shared_shape"):
+      if not 0.0 <= getattr(self, name) <= 1.0:
+        raise ValueError(f"{where}.{name}: must be in [0, 1], got {getattr(self, name)}")
     if not 0.0 <= self.memory_fraction <= 1.0 or not 0.0 <= self.text_slots < 1.0:
       raise ValueError(f"{where}: memory_fraction in [0, 1] and text_slots in [0, 1) expected, got "
                        f"{self.memory_fraction} / {self.text_slots}")
@@ -197,14 +232,19 @@ def question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], r
   return ids, mask
 
 
+def draw_shape(spec: RetrievalSpec, rng: np.random.Generator) -> Tuple[int, str, str, str]:
+  """(template index, kind, key kind, haystack) of a document."""
+  return (int(rng.integers(len(TEMPLATES))), KINDS[rng.integers(len(KINDS))],
+          KEY_KINDS[rng.integers(len(KEY_KINDS))], spec.haystacks[rng.integers(len(spec.haystacks))])
+
+
 def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, rng: np.random.Generator,
-             bos: int) -> Dict:
+             bos: int, shape: Optional[Tuple[int, str, str, str]] = None) -> Dict:
   """One document of exactly `length` tokens (bos first): haystack with facts, then the questions.
+  shape: (template index, kind, key kind, haystack), drawn when not given (`draw_shape`).
   Returns tokens, answer_mask (the value tokens of the answers) and the facts for tests."""
-  template_i = int(rng.integers(len(TEMPLATES)))
+  template_i, kind, key_kind, haystack = draw_shape(spec, rng) if shape is None else shape
   statement, questions = TEMPLATES[template_i]
-  kind, key_kind = KINDS[rng.integers(len(KINDS))], KEY_KINDS[rng.integers(len(KEY_KINDS))]
-  haystack = spec.haystacks[rng.integers(len(spec.haystacks))]
   n_facts = int(rng.integers(spec.facts[0], spec.facts[1] + 1))
   facts = [(keys.draw(key_kind), make_value(rng)) for _ in range(n_facts)]
   n_asked = min(n_facts, int(rng.integers(spec.queries[0], spec.queries[1] + 1)))
@@ -240,8 +280,9 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
       s = cycle[len(pieces) % len(cycle)]
     elif haystack == "prose":
       s = prose_sentence(rng)
-    else:  # other facts, under keys no document of the batch uses, never asked
-      s = statement.format(key=keys.draw(key_kind), kind=kind, value=make_value(rng))
+    else:  # other facts, under keys no document of the batch uses, never asked; some like an asked one
+      like = facts[asked[int(rng.integers(len(asked)))]][0] if spec.near_keys and rng.random() < spec.near_keys else None
+      s = statement.format(key=keys.draw(key_kind, like), kind=kind, value=make_value(rng))
     pieces.append(tokens(" " + s)[:filler_budget - used])
     used += len(pieces[-1])
   bounds = np.cumsum([0] + [len(p) for p in pieces])  # token offset of every sentence boundary
@@ -289,10 +330,13 @@ class RetrievalBatches:
     doc_len = self.spec.doc_windows * t + 1  # + 1: the last target
     rng = np.random.default_rng([self.seed, step, 29])
     keys = KeyPool(rng)
+    shared = None  # one shape for every document of the step: look-alike crossbatch negatives
+    if self.spec.shared_shape and rng.random() < self.spec.shared_shape:
+      shared = draw_shape(self.spec, rng)[:3] + ("facts",)
     rows = {f: [] for f in ("inputs", "targets", "loss_mask", "accuracy_mask", "doc_ids")}
     for s in range(n_ret):
       for j in range(per_slot):
-        d = document(self.spec, self.tokens, doc_len, keys, rng, self.bos)
+        d = document(self.spec, self.tokens, doc_len, keys, rng, self.bos, shared)
         toks, m = d["tokens"], d["answer_mask"]
         rows["inputs"].append(toks[:-1].reshape(-1, t))
         rows["targets"].append(toks[1:].reshape(-1, t))

@@ -89,11 +89,85 @@ def test_documents_state_facts_before_questions_with_distinct_keys(vocab, doc_wi
   assert in_memory / asked_total >= 0.6, (in_memory, asked_total)  # memory_fraction 0.9, minus overflow
 
 
+def _key_parts(key):
+  """The parts a near key may share: adjective / noun, first / last name, 'unit' + 2 digits, 4 hex."""
+  if re.fullmatch(r"[a-z]+-[a-z]+", key):
+    return {"adj:" + key.split("-")[0], "noun:" + key.split("-")[1]}
+  if key.startswith("unit "):
+    return {"unit:" + key[5:7]}
+  if " " in key:
+    return {"first:" + key.split(" ")[0], "last:" + key.split(" ")[2]}
+  return {"hex:" + key[:4]}
+
+
+def test_lookalike_negatives_share_the_shape_and_parts_of_the_asked_keys():
+  """shared_shape: every document of a step in one template (each crossbatch negative a look-alike
+  fact), keys still distinct over the batch; near_keys: the haystack's other keys share a part of
+  an asked key far more often than independent keys do."""
+  vocab = vocab_lib.get_vocabulary("byte")
+  near = far = total = 0
+  for near_keys in (1.0, 0.0):
+    spec = rd.RetrievalSpec(doc_windows=4, facts=(2, 4), queries=(1, 2), haystacks=("facts",),
+                            shared_shape=1.0, near_keys=near_keys)
+    batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=4, window=256, seed=5)
+    shared = 0
+    for step in range(3):
+      templates, owner = set(), {}
+      for ids, mask in _docs(batches(step), 4):
+        text = vocab.decode(ids[1:].tolist())
+        head = text[:text.index("\n")]
+        found = [i for i, r in enumerate(STATEMENTS) if r.search(head)]
+        assert len(found) == 1, head  # one template per document
+        templates.add(found[0])
+        stated = [(m.group("key"), m.group("value")) for m in STATEMENTS[found[0]].finditer(head)]
+        for key, value in stated:
+          assert owner.setdefault(key, (id(ids), value)) == (id(ids), value), key
+        answers = re.findall(r"\d{5,7}", vocab.decode(ids[mask].tolist()))
+        asked = {k for k, v in stated if v in answers}
+        asked_parts = set().union(*(_key_parts(k) for k in asked))
+        others = [k for k, _ in stated if k not in asked]
+        hits = sum(bool(_key_parts(k) & asked_parts) for k in others)
+        if near_keys:
+          near, total = near + hits, total + len(others)
+        else:
+          far += hits
+      shared += len(templates) == 1
+    assert shared == 3  # every step in one shape
+  assert total > 50 and near / total > 0.6 and far < near / 4, (near, total, far)
+
+
+def _eight_grams(text):
+  words = re.findall(r"[a-z0-9]+", text.lower())
+  return {" ".join(words[i:i + 8]) for i in range(len(words) - 7)}
+
+
+def _lm_eval_ruler_templates():
+  """The fixed text of lm-evaluation-harness's RULER prompts (read from its sources, nothing run)."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.find_spec("lm_eval")
+  if spec is None:
+    pytest.skip("lm-eval is not installed (setup.cfg extra lm_eval)")
+  ruler_dir = pathlib.Path(spec.origin).parent / "tasks" / "ruler"
+  strings = []
+  for f in sorted(ruler_dir.glob("*.py")) + sorted(ruler_dir.glob("*.yaml")):
+    src = f.read_text()
+    strings += re.findall(r'"""(.*?)"""', src, re.S) + re.findall(r'"([^"\n]{40,})"', src)
+  fragments = [p for t in strings for p in re.split(r"\{[a-z_0-9]*\}", t)]
+  assert any("special magic" in p for p in fragments), "lm-eval's RULER templates not found"
+  return fragments
+
+
 def test_no_evaluation_template_in_training_documents():
   vocab = vocab_lib.get_vocabulary("byte")
-  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4))
+  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5)
   batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0)
   text = "\n".join(vocab.decode(ids.tolist()) for step in range(16) for ids, _ in _docs(batches(step), 8))
+  # no 8-gram of lm-eval's RULER prompts or of the project's own evaluation prompts
+  eval_grams = set().union(*(_eight_grams(f) for f in _lm_eval_ruler_templates()))
+  eval_grams |= set().union(*(_eight_grams(p) for p in ruler.EVAL_TEMPLATES))
+  assert len(eval_grams) > 30
+  assert not eval_grams & _eight_grams(text), sorted(eval_grams & _eight_grams(text))[:5]
   eval_phrases = list(ruler.EVAL_TEMPLATES) + [
       passkey.QUESTION, passkey.needle(12345).split("12345")[0], niah.needle(1).split(" is ")[0],
       "special magic", "pass key", "secret number"]
@@ -152,5 +226,10 @@ def test_experiment_config_validates_and_names_its_tasks():
   from experiments import smollm2_retrieval
   config = smollm2_retrieval.get_config()
   configs.validate(config, check_data=False)
-  assert [configs.retrieval_view(config, p["task"]).doc_windows for p in config.train.curriculum.phases] == [2, 4, 8]
+  assert [configs.retrieval_view(config, p["task"]).doc_windows for p in config.train.curriculum.phases] == [2, 4, 4]
+  assert configs.retrieval_view(config, "far").shared_shape == 0.5
+  passkey_recipe = smollm2_retrieval.get_config("passkey")  # issue 22's recipe, kept for comparison
+  configs.validate(passkey_recipe, check_data=False)
+  assert [configs.retrieval_view(passkey_recipe, p["task"]).doc_windows
+          for p in passkey_recipe.train.curriculum.phases] == [2, 4, 8]
   assert configs.model_config(config).mem_layers == smollm2_retrieval.MEM_LAYERS
