@@ -183,8 +183,10 @@ class MemoryInference:
               stop_after: Optional[int] = None, logits_from: int = 0):
     """tokens [B, L] -> logits [B, L, V] (NumPy; None if not wanted); memory is updated.
 
-    Windows start at token 0; the last one is padded to the window length (padding
-    is masked and never enters memory), so every call compiles one shape. logits_from: keep
+    Windows start at token 0; the last one is padded to a power of two (at least 16, at most the
+    window; padding is masked and never enters memory, and causal attention makes the padded tail
+    change nothing before it), so a short input costs what it needs, not a whole window, and few
+    shapes compile. logits_from: keep
     only the logits of the windows from the one holding that column on ([B, L - s, V] from
     that window's start s): a 16K-token batch's full logits are gigabytes at a 49K vocabulary.
     """
@@ -199,8 +201,9 @@ class MemoryInference:
       msk = token_mask[:, start:start + self.window]
       n = tok.shape[1]
       if n < self.window:
-        tok = np.pad(tok, [(0, 0), (0, self.window - n)])
-        msk = np.pad(msk, [(0, 0), (0, self.window - n)])
+        width = min(self.window, max(16, pow2(n)))
+        tok = np.pad(tok, [(0, 0), (0, width - n)])
+        msk = np.pad(msk, [(0, 0), (0, width - n)])
       logits, mem_kv = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),
                                self.cfg, self.mode, self.topk, self.chunk, stop_after, self.recall)
       memory.add(mem_kv, jnp.asarray(msk))

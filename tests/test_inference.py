@@ -136,3 +136,35 @@ def test_bad_mode_is_rejected():
   cfg = get_size("tiny")
   with pytest.raises(ValueError, match="inference.mode"):
     MemoryInference(cfg, init_params(cfg, 0), T, "knn")
+
+
+def test_short_last_window_is_padded_to_a_bucket_with_the_same_logits_and_memory():
+  """The last window is padded to a power of two, not the whole window: the logits and what enters
+  memory equal the full-window padding's (independent: the last window placed by hand in a full
+  window of padding, through forward_window)."""
+  from fot_jax.inference import forward_window
+  cfg = get_size("tiny", mem_layers=(1,))
+  params = _params(cfg)
+  window = 64
+  toks = np.random.default_rng(5).integers(0, cfg.vocab_size, (2, window + 19)).astype(np.int32)
+  infer = MemoryInference(cfg, params, window, "dense")
+  memory = infer.new_memory(2)
+  got = infer.process(toks, memory)
+  assert got.shape == (2, window + 19, cfg.vocab_size)
+  ref_memory = infer.new_memory(2)
+  first = infer.process(toks[:, :window], ref_memory)
+  padded = np.zeros((2, window), np.int32)
+  padded[:, :19] = toks[:, window:]
+  mask = np.zeros((2, window), bool)
+  mask[:, :19] = True
+  logits, mem_kv = forward_window(params, jnp.asarray(padded), jnp.asarray(mask), ref_memory.blocks(), cfg,
+                                  "dense", 32, 65536)
+  ref_memory.add(mem_kv, jnp.asarray(mask))
+  np.testing.assert_allclose(got, np.concatenate([first, np.asarray(logits)[:, :19]], 1), atol=2e-5, rtol=1e-5)
+  assert memory.size == window + 32 < ref_memory.size == 2 * window  # the bucket, not the window
+  for layer, (k, v, m) in memory.buffers.items():  # the same live entries, in the same order
+    rk, rv, rm = ref_memory.buffers[layer]
+    live, ref_live = np.asarray(m).astype(bool), np.asarray(rm).astype(bool)
+    assert live.sum() == ref_live.sum() == 2 * (window + 19)
+    np.testing.assert_allclose(np.asarray(k)[live], np.asarray(rk)[ref_live], atol=2e-5)
+    np.testing.assert_allclose(np.asarray(v)[live], np.asarray(rv)[ref_live], atol=2e-5)

@@ -15,7 +15,7 @@ from fot_jax import checkpoint
 from fot_jax.checkpoint import Checkpoint, ConvertError, ensure_empty_dir, read_json
 from fot_jax.convert import mapping
 from fot_jax.convert.gguf_files import TensorReader, check_gguf, read_gguf
-from fot_jax.convert.hf_files import WeightReader, parse_size, write_safetensors
+from fot_jax.convert.hf_files import WeightReader, keep_chat_template, parse_size, write_safetensors
 from fot_jax.inference import MemoryInference
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
@@ -82,6 +82,8 @@ def import_hf(hf_dir: str, out: str, **overrides) -> Checkpoint:
     raise
   checkpoint.save(out, ck.params, ck.cfg, ck.window, tokenizer=ck.tokenizer_path,
                   source=ck.meta["source"], hf=ck.meta["hf"])
+  if ck.tokenizer_path and ck.tokenizer_path.endswith(".json"):  # a chat_template.jinja beside it
+    keep_chat_template(os.path.dirname(ck.tokenizer_path), out)
   return ck
 
 

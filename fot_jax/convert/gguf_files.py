@@ -15,6 +15,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 from fot_jax.checkpoint import ConvertError
+from fot_jax.convert.hf_files import keep_chat_template
 
 GGUF_ARCHITECTURES = ("llama",)  # general.architecture values fot_jax's decoder reproduces
 
@@ -77,7 +78,8 @@ def check_gguf(path: str) -> None:
 
 def read_gguf(path: str) -> Tuple[dict, Dict[str, np.ndarray], str]:
   """GGUF file -> (Hugging Face config dict, {HF tensor name: float32 array}, a temporary
-  directory holding tokenizer.json and tokenizer_config.json; the caller removes it)."""
+  directory holding tokenizer.json and tokenizer_config.json, with the file's chat template when
+  it has one; the caller removes it)."""
   check_gguf(path)
   import torch
   import transformers
@@ -94,4 +96,5 @@ def read_gguf(path: str) -> Tuple[dict, Dict[str, np.ndarray], str]:
   tokenizer.save_pretrained(tok_dir)
   if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
     raise ConvertError(f"{path}: transformers rebuilt no tokenizer.json from this GGUF file")
+  keep_chat_template(tok_dir, tok_dir)  # the file's tokenizer.chat_template, into tokenizer_config.json
   return hf, tensors, tok_dir

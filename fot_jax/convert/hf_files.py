@@ -16,7 +16,9 @@ from typing import Dict, Iterable, Tuple
 import numpy as np
 
 from fot_jax import jsonio
-from fot_jax.checkpoint import ConvertError, read_json
+from fot_jax.checkpoint import HF_TOKENIZER_CONFIG, ConvertError, read_json
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.43 saves a tokenizer's chat template
 
 
 class WeightReader:
@@ -153,3 +155,23 @@ def write_safetensors(out_dir: str, tensors: Dict[str, np.ndarray], dtype: str, 
   jsonio.write_json(os.path.join(out_dir, "model.safetensors.index.json"),
                     {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
   return tuple(names)
+
+
+def keep_chat_template(src_dir: str, out_dir: str) -> bool:
+  """A chat template saved beside a tokenizer as chat_template.jinja (transformers' save_pretrained)
+  goes into out_dir's tokenizer_config.json as `chat_template`, which transformers reads too: the
+  checkpoint keeps only tokenizer.json and tokenizer_config.json. A template already in that file
+  stays. -> whether out_dir's tokenizer_config.json holds a template now."""
+  config_path = os.path.join(out_dir, HF_TOKENIZER_CONFIG)
+  if not os.path.isfile(config_path):
+    return False
+  config = read_json(config_path)
+  if config.get("chat_template"):
+    return True
+  template_path = os.path.join(src_dir, CHAT_TEMPLATE_FILE)
+  if not os.path.isfile(template_path):
+    return False
+  with open(template_path, encoding="utf-8") as f:
+    config["chat_template"] = f.read()
+  jsonio.write_json(config_path, config, indent=2)
+  return True
