@@ -1,11 +1,11 @@
 """One line for an expected failure at the command line, a traceback for a bug.
 
-Every entry point (fot_jax.main, fot_jax.evaluate, fot_jax.convert, fot_jax.study,
-data_pipelines.preview) runs its body through `expected_errors`: a bad input (a missing file, a
-config value out of range, a checkpoint that does not restore) raises one of EXPECTED with a
-message that names the input and what is wrong, and the user sees `PROG: message` and exit
-status 2. Anything else is a bug and keeps its traceback. FOT_JAX_TRACEBACK=1 shows the
-traceback of expected failures too.
+Every entry point (fot_jax.main, fot_jax.evaluate, fot_jax.convert, fot_jax.study, fot_jax.ask,
+fot_jax.eval.lm_harness, data_pipelines.preview, data_pipelines.train_tokenizer) runs its body
+through `expected_errors`: a bad input (a missing file, a config value out of range, a checkpoint
+that does not restore) raises one of EXPECTED with a message that names the input and what is
+wrong, and the user sees `PROG: message` and exit status 2. Anything else is a bug and keeps its
+traceback. FOT_JAX_TRACEBACK=1 shows the traceback of expected failures too.
 """
 from __future__ import annotations
 

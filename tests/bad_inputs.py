@@ -12,7 +12,8 @@ substrings (the input it must name). Exit status 1 when any case fails. --out wr
 Markdown (docs/errors.md holds a measured one). Not a pytest file (the name does not start with
 test_): each case is a fresh Python + JAX import, a few seconds; the whole run a few minutes on 2
 cores. The slowest input is a real one-step training run (fot_jax.main on a tiny LM, ~20 s) whose
-workdir serves the resume, evaluate and export cases; it is built first, beside the cheap cases.
+workdir serves the resume, evaluate, export, ask and lm_harness cases; it is built first, beside the
+cheap cases.
 
 Log noise (not counted, never the "last line"): what TensorFlow, XLA, absl and Python print on
 their own while a program imports and starts, matched by NOISE below:
@@ -105,6 +106,11 @@ MAIN, EVAL, CONV, STUDY_M = "fot_jax.main", "fot_jax.evaluate", "fot_jax.convert
 PREVIEW, TOKENIZER = "data_pipelines.preview", "data_pipelines.train_tokenizer"
 TINY = "--config={T}/tiny_lm.py"
 PREVIEW_SMALL = ["--slots=1", "--windows=1", "--seq_len=8", "--batches=1"]
+ASK, HARNESS = "fot_jax.ask", "fot_jax.eval.lm_harness"
+QUESTION = "What does f return?"
+LONG_QUESTION = ("In the code above, what value does the function f return when it is called with the argument 41, "
+                 "and why?")  # 105 bytes
+HARNESS_TASKS = ["--tasks", "niah_single_1", "--limit", "1"]  # never reached: the model_args fail first
 
 CASES = [
     # ---- the issue's ten
@@ -187,6 +193,33 @@ CASES = [
          ["compare", "{T}/trunc_run", "--workdir={T}/cmp_out"], ("{T}/trunc_run/eval/ppl.json",)),
     Case("train_tokenizer_unknown_task", "--task names no task", TOKENIZER,
          ["--task=nope", "--output={T}/spm/m", "--vocab_size=300"], ("'nope'",)),
+    # ---- fot_jax.ask and fot_jax.eval.lm_harness (each fails before lm-eval indexes or builds a task)
+    Case("ask_missing_document", "--document does not exist", ASK,
+         ["--checkpoint={T}/trained/fot", "--document={T}/missing.txt", QUESTION], ("--document {T}/missing.txt",),
+         needs=("trained",)),
+    Case("ask_empty_document", "--document holds only blank lines", ASK,
+         ["--checkpoint={T}/trained/fot", "--document={T}/blank.txt", QUESTION], ("{T}/blank.txt", "empty"),
+         needs=("trained",)),
+    Case("ask_binary_document", "--document is a PDF (binary, NUL bytes)", ASK,
+         ["--checkpoint={T}/trained/fot", "--document={T}/paper.pdf", QUESTION], ("{T}/paper.pdf", "binary"),
+         needs=("trained",)),
+    Case("ask_question_too_long", "a question of 105 bytes, the checkpoint's window 32 (byte vocabulary)", ASK,
+         ["--checkpoint={T}/trained/fot", "--document={T}/code.txt", LONG_QUESTION],
+         ("the question takes", "--window"), needs=("trained",)),
+    Case("ask_missing_checkpoint", "--checkpoint does not exist", ASK,
+         ["--checkpoint={T}/nowhere", "--document={T}/code.txt", QUESTION], ("{T}/nowhere",)),
+    Case("lm_harness_unknown_model_arg", "--model_args with 'windw' (misspelt window)", HARNESS,
+         ["--model", "fot_jax", "--model_args", "checkpoint={T}/trained/fot,windw=8"] + HARNESS_TASKS,
+         ("windw", "unknown argument"), needs=("trained",)),
+    Case("lm_harness_bad_window", "--model_args window=0", HARNESS,
+         ["--model", "fot_jax", "--model_args", "checkpoint={T}/trained/fot,window=0"] + HARNESS_TASKS,
+         ("window", ">= 1, got 0"), needs=("trained",)),
+    Case("lm_harness_bad_mode", "--model_args mode=approx (modes: dense, topk)", HARNESS,
+         ["--model", "fot_jax", "--model_args", "checkpoint={T}/trained/fot,mode=approx"] + HARNESS_TASKS,
+         ("mode", "'approx'"), needs=("trained",)),
+    Case("lm_harness_missing_checkpoint", "--model_args checkpoint= a path that does not exist", HARNESS,
+         ["--model", "fot_jax", "--model_args", "checkpoint={T}/nowhere,window=32"] + HARNESS_TASKS,
+         ("checkpoint", "{T}/nowhere")),
 ]
 
 
@@ -238,6 +271,9 @@ def build_cheap(t: str) -> None:
   write("tiny_lm.py", TINY_LM)
   write("study.py", STUDY)
   write("code.txt", "def f(x):\n  return x + 1\n" * 8)
+  write("blank.txt", "\n  \n\t\n")
+  with open(os.path.join(t, "paper.pdf"), "wb") as f:
+    f.write(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<< /Length 8 >>\nstream\n\x00\x01\x02\x00\nendstream\n")
   _model_json(os.path.join(t, "ck_layers"), num_layers="two")
   _model_json(os.path.join(t, "ck_window"), window="x")
   _model_json(os.path.join(t, "ck_badjson"))

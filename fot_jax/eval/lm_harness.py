@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -403,7 +404,7 @@ register()
 def main(argv: Optional[Sequence[str]] = None) -> None:
   """lm-eval's command line (`python -m lm_eval ...`) with the model `fot_jax` registered; for
   --model fot_jax, model_args get the checkpoint's tokenizer directory (with_tokenizer) and are
-  checked before lm-eval starts."""
+  checked (and the checkpoint path's existence) before lm-eval starts."""
   argv = list(sys.argv[1:] if argv is None else argv)
   with cli.expected_errors(PROG):
     setup_logging()
@@ -415,7 +416,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       sys.argv = saved
     if getattr(args, "command", None) == "run" and getattr(args, "model", None) == MODEL_NAME:
       args.model_args = with_tokenizer(args.model_args)
-      settings(args.model_args)
+      checkpoint = settings(args.model_args).checkpoint
+      if not os.path.exists(checkpoint):  # before lm-eval indexes its task files (over 10 s) and logs
+        _fail("checkpoint", f"{checkpoint}: no such file or directory")
     parser.execute(args)
 
 
