@@ -84,12 +84,11 @@ def get_config(variant: str = "base"):
   c.data.slots, c.data.windows_per_slot, c.data.window = SLOTS, windows, window
   c.data.min_doc_len = windows * window  # a text slot's pack is mostly one file
   text = dict(TEXT, text_scored_windows=windows)
-  far_windows = windows  # a document fills the slot's pack
   if variant == "base":
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(1, 2), queries=(1, 1), **text),
         "mid": dict(doc_windows=4, facts=(2, 8), queries=(1, 3), **text),
-        "far": dict(doc_windows=far_windows, facts=(4, 16), queries=(1, 4), **text)})
+        "far": dict(doc_windows=windows, facts=(4, 16), queries=(1, 4), **text)})
   else:
     # Look-alikes: the local window (128 tokens, ~6 facts) and memory hold facts in the asked
     # fact's own template under other keys, half of them sharing a part of an asked key; on half
@@ -99,7 +98,7 @@ def get_config(variant: str = "base"):
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(1, 2), queries=(1, 1), **hard),
         "mid": dict(doc_windows=4, facts=(2, 8), queries=(1, 3), **hard),
-        "far": dict(doc_windows=far_windows, facts=(4, 16), queries=(1, 4), shared_shape=0.5,
+        "far": dict(doc_windows=windows, facts=(4, 16), queries=(1, 4), shared_shape=0.5,
                     haystacks=("repeat", "prose", "facts", "facts"), **hard)})
   steps = NEAR + MID + FAR
   c.optim.lr, c.optim.warmup_steps, c.optim.schedule, c.optim.total_steps = 3e-4, 5, "constant", steps

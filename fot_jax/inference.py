@@ -148,6 +148,13 @@ def end_aligned(rows: List[np.ndarray], window: int, tail: int):
   return (*_place(rows, window, pads), pads)
 
 
+def start_aligned(rows: List[np.ndarray], window: int):
+  """Rows from column 0 (windows from each row's first token, as `process`) -> (tokens [B, W],
+  mask [B, W], pads [B], all 0); W is a multiple of the window."""
+  pads = np.zeros(len(rows), int)
+  return (*_place(rows, window, pads), pads)
+
+
 def _place(rows, window: int, pads):
   """Each row at its pad offset, masked elsewhere, in a width that is a multiple of the window."""
   width = -(-int(max(len(r) + p for r, p in zip(rows, pads))) // window) * window
@@ -249,8 +256,7 @@ class MemoryInference:
     if last_context_length is None:
       last_context_length = w - min(max_new_tokens, w // 2)
     if last_context_length == 0:  # windows from token 0, as `process`
-      pads = np.zeros(batch, int)
-      toks, mask = _place(rows, w, pads)
+      toks, mask, pads = start_aligned(rows, w)
     else:
       toks, mask, pads = end_aligned(rows, w, last_context_length)
     lens = np.array([len(r) for r in rows])

@@ -2,10 +2,11 @@
 
   python -m fot_jax.eval.lm_harness --model fot_jax \\
       --model_args checkpoint=CKPT,window=512,mem_layers=6:17:18:20 \\
-      --tasks niah_single_1,niah_multikey_2 --metadata='{"max_seq_lengths":[4096,16384]}' \\
+      --tasks niah_single_1,niah_multikey_2 --metadata='{"max_seq_lengths":[4096]}' \\
       --limit 10 --output_path W
 
-takes lm-eval's own command line (`python -m lm_eval ...`) and registers the model `fot_jax`
+(one RULER length per command: `--limit` keeps the first prompts of the lengths in order) takes
+lm-eval's own command line (`python -m lm_eval ...`) and registers the model `fot_jax`
 first: lm-eval 0.4.13 finds models only in its registry, with no entry points. Importing this
 module registers it too, so `lm_eval.simple_evaluate(model="fot_jax", model_args=...)` works after
 `import fot_jax.eval.lm_harness` (pass `with_tokenizer(model_args)` for RULER tasks).
@@ -43,7 +44,7 @@ from fot_jax import chat, cli
 from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import heads
 from fot_jax.evaluate import _layers as parse_layers
-from fot_jax.inference import MemoryInference, end_aligned, forward_window
+from fot_jax.inference import MemoryInference, end_aligned, forward_window, start_aligned
 
 PROG = "fot_jax.eval.lm_harness"
 MODEL_NAME = "fot_jax"
@@ -168,16 +169,6 @@ def _token_scores(logits, targets, scored):
   return jnp.where(scored, picked, 0.0).sum(-1), jnp.all(greedy | ~scored, axis=-1)
 
 
-def _place_at_start(rows: Sequence[np.ndarray], window: int):
-  """Rows from column 0 in a width that is a multiple of the window -> (tokens, mask, pads)."""
-  width = -(-max(len(r) for r in rows) // window) * window
-  toks = np.zeros((len(rows), width), np.int32)
-  mask = np.zeros((len(rows), width), bool)
-  for i, r in enumerate(rows):
-    toks[i, :len(r)], mask[i, :len(r)] = r, True
-  return toks, mask, np.zeros(len(rows), int)
-
-
 def stop_at(text: str, until: Sequence[str]) -> str:
   """The text before the first occurrence of any stop string (lm-eval's HF model's cut)."""
   for term in until:
@@ -269,7 +260,7 @@ class FotJaxLM(LM):
     rows = [np.asarray(s[:-1], np.int32) for s in seqs]
     w = self.window
     toks, mask, pads = (end_aligned(rows, w, end_aligned_tail) if end_aligned_tail
-                        else _place_at_start(rows, w))
+                        else start_aligned(rows, w))
     targets = np.zeros_like(toks)
     scored = np.zeros_like(mask)
     for i, (s, p, n) in enumerate(zip(seqs, pads, n_scored)):
