@@ -16,7 +16,7 @@ STEPS, SWITCH = 500_000, 450_000
 def get_config():
   c = base_config()
   c.model.size = "analysis_184m"
-  c.data.task, c.data.eval_task = "c4", "c4"
+  c.data.corpus = "c4"
   # A 32K SentencePiece model: python -m data_pipelines.train_tokenizer --task=c4 --output=...
   c.data.vocab = "tokenizers/c4_32k.model"
   c.data.slots, c.data.windows_per_slot, c.data.window = 64, 2, 512

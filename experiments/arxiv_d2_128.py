@@ -10,7 +10,7 @@ from experiments.base_lm import base_config
 def get_config():
   c = base_config()
   c.model.size = "analysis_184m"
-  c.data.task, c.data.eval_task = "arxiv", "arxiv"  # register with data_pipelines.tasks (e.g. jsonl:)
+  c.data.corpus = "arxiv"  # register with data_pipelines.tasks (e.g. jsonl:)
   c.data.vocab = "tokenizers/arxiv_32k.model"
   c.data.slots, c.data.windows_per_slot, c.data.window = 128, 2, 1024
   c.optim.lr, c.optim.warmup_steps, c.optim.total_steps = 3e-4, 1000, 500_000

@@ -20,7 +20,12 @@ def base_config():
       "overrides": ml_collections.ConfigDict({}),  # ModelConfig fields
   })
   c.data = ml_collections.ConfigDict({
-      "task": "stdlib",  # a registered SeqIO task or mixture (data_pipelines.tasks)
+      # The text the experiment reads, named once: a registered SeqIO task or mixture
+      # (data_pipelines.tasks), files:PATTERN or jsonl:PATTERN. Every view below that names no task
+      # of its own ('' or absent) reads it: the training text, repeat views, retrieval views'
+      # natural-text slots and the held-out evaluation (a run prints what each view reads).
+      "corpus": "stdlib",
+      "task": "",  # the training text ('': the corpus)
       "vocab": "byte",  # 'byte', a SentencePiece model path or a Hugging Face tokenizer.json
       "slots": 8,  # S, over all hosts (each host feeds slots / process_count)
       "windows_per_slot": 2,  # k
@@ -28,16 +33,17 @@ def base_config():
       "min_doc_len": 1,
       "max_doc_len": 0,  # longer documents are truncated (0: never)
       "split": "train",
-      "eval_task": "stdlib",  # held-out documents for perplexity
+      "eval_task": "",  # held-out documents for perplexity ('': the corpus)
       "eval_split": "validation",
       # Repeat views: curriculum task names for an LM task whose slots (a `fraction` of them) repeat
       # their first window in the later ones, a copy of real text through memory
       # (data_pipelines.copy_task.RepeatedWindows), e.g.
-      # {"stdlib_repeat": {"task": "stdlib", "fraction": 1.0, "score_first": False}}.
+      # {"repeat": {"fraction": 1.0, "score_first": False}} (a view's own "task": other text than the corpus).
       "repeats": ml_collections.ConfigDict({}),
       # Retrieval documents: curriculum task names for synthetic fact/question documents in the
       # run's tokenizer (data_pipelines.retrieval_docs.RetrievalSpec fields), e.g.
-      # {"near": {"doc_windows": 2, "facts": (1, 2), "text_task": "stdlib", "text_slots": 0.25}}.
+      # {"near": {"doc_windows": 2, "facts": (1, 2), "text_slots": 0.25}} (text slots read the corpus
+      # unless the view names its own "text_task").
       "retrieval": ml_collections.ConfigDict({}),
   })
   c.optim = ml_collections.ConfigDict({

@@ -23,7 +23,7 @@ def get_config():
   # Runs of plain layers as one lax.scan: FSDP gathers one layer's weights at a time
   # (docs/scan_and_remat.md); the size's remat (policy 'full') keeps one layer's activations.
   c.model.overrides.scan_layers = True
-  c.data.task, c.data.eval_task = "longllama", "pg19"  # the RedPajama + Python mixture (data_pipelines.tasks)
+  c.data.corpus, c.data.eval_task = "longllama", "pg19"  # the RedPajama + Python mixture (data_pipelines.tasks)
   c.data.vocab = "checkpoints/open_llama_3b/tokenizer.model"
   c.data.slots, c.data.windows_per_slot, c.data.window = 32, len(SEGMENTS), 2048
   c.data.min_doc_len = 2048

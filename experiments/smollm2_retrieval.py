@@ -52,7 +52,7 @@ SLOTS = 8
 NEAR, MID, FAR = 25, 20, 35
 # Text slots scored on every window: scored on the last one only (read with 7 windows of memory), the
 # tuned model lost 15% perplexity in a document's first window (no memory); scored on all, 1% better.
-TEXT = {"text_task": "stdlib", "text_slots": 0.25}
+TEXT = {"text_slots": 0.25}  # natural text from the corpus
 
 
 def _shape(windows: int, window: int):
@@ -78,7 +78,7 @@ def get_config(variant: str = "base"):
       "attention_impl": "dense"})
   c.train.init_from = CHECKPOINT
   c.train.trainable = ("memory_attention",)
-  c.data.task, c.data.eval_task = "stdlib", "stdlib"
+  c.data.corpus = "stdlib"
   c.data.vocab = f"{CHECKPOINT}/tokenizer.json"
   windows, window, positives, negatives = _shape(8, 64) if variant == "base" else _shape(4, 128)
   c.data.slots, c.data.windows_per_slot, c.data.window = SLOTS, windows, window

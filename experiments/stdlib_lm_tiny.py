@@ -5,12 +5,12 @@ Byte vocabulary, a 3-layer model (hidden 64) with one memory layer, 128-token wi
   1. copy        the induction warm-up on byte ids (c.warmup): 32 distinct random bytes, then the
                  same again, split into two 32-token windows, d=1, so the repeat finds its source
                  only through the memory layer; until 95% copy accuracy (at most 2,500 steps);
-  2. text_copy   the copy on real text (`stdlib_repeat`, c.data.repeats): each slot's second
+  2. text_copy   the copy on real text (`repeat`, c.data.repeats): each slot's second
                  128-byte window repeats its first, only the repeat scored, d=1; until 95%
                  (at most 600 steps);
   3. text_copy_d8  the same with d=8 (7 other slots' windows as negatives), 300 steps;
   4. lm_d8       the stdlib corpus at d=8 with a quarter of the slots still repeated
-                 (`stdlib_mixed`), so the circuit that reads memory survives on text;
+                 (`mixed`), so the circuit that reads memory survives on text;
   5. lm_passkey  the same with short passkey documents beside the stdlib files (`stdlib_pk`: the
                  `stdlib_passkey` mixture, about a quarter of the slot-steps a 192-256-byte passkey
                  document: the key in filler, the question in the next window or the same one),
@@ -40,7 +40,7 @@ def get_config():
       # The dictionary recipe's init (issue 10): with the default 0.02 the copy warm-up stayed
       # at chance for 600 steps here; large random embeddings make the induction circuit form.
       "init_std": 0.1, "embed_init_std": 1.0})
-  c.data.task, c.data.vocab, c.data.eval_task = "stdlib", "byte", "stdlib"
+  c.data.corpus, c.data.vocab = "stdlib", "byte"
   c.data.slots, c.data.windows_per_slot, c.data.window = 8, 2, 128
   c.data.min_doc_len = 64
   # The copy warm-up (fot_jax.lm_runs.lm_copy_warmup). Measured (docs/data.md): over the 37
@@ -53,21 +53,23 @@ def get_config():
   # The copy on real text (docs/data.md): every slot, only the repeat scored; then a quarter of
   # the slots, next to plain text, in the LM phase.
   c.data.repeats = ml_collections.ConfigDict({
-      "stdlib_repeat": {"task": "stdlib", "fraction": 1.0, "score_first": False},
-      "stdlib_mixed": {"task": "stdlib", "fraction": 0.25, "score_first": True},
+      "repeat": {"fraction": 1.0, "score_first": False},
+      "mixed": {"fraction": 0.25, "score_first": True},
       "stdlib_pk": {"task": "stdlib_passkey", "fraction": 0.25, "score_first": True}})
   c.optim.lr, c.optim.warmup_steps, c.optim.total_steps = 3e-3, 20, STEPS
   c.train.steps, c.train.checkpoint_every, c.train.log_every = STEPS, 200, 20
   c.train.curriculum = ml_collections.ConfigDict({"kind": "phases", "stop_after_last": True, "phases": [
       {"name": "copy", "task": "copy", "spec": {"d": 1, "w": 1}, "metric": "accuracy", "threshold": 0.95,
        "window": 5, "max_steps": COPY_MAX},
-      {"name": "text_copy", "task": "stdlib_repeat", "spec": {"d": 1, "w": 1}, "metric": "accuracy",
+      {"name": "text_copy", "task": "repeat", "spec": {"d": 1, "w": 1}, "metric": "accuracy",
        "threshold": 0.95, "window": 5, "max_steps": TEXT_MAX},
-      {"name": "text_copy_d8", "task": "stdlib_repeat", "spec": {"d": 8, "w": 1}, "steps": TEXT_D8},
-      {"name": "lm_d8", "task": "stdlib_mixed", "spec": {"d": 8, "w": 1}, "steps": LM_D8},
+      {"name": "text_copy_d8", "task": "repeat", "spec": {"d": 8, "w": 1}, "steps": TEXT_D8},
+      {"name": "lm_d8", "task": "mixed", "spec": {"d": 8, "w": 1}, "steps": LM_D8},
       {"name": "lm_passkey", "task": "stdlib_pk", "spec": {"d": 8, "w": 1}, "steps": LM_PASSKEY}]})
   c.eval.memory_tokens = [0, 2048, 8192, 32768]
-  c.eval.score_tokens, c.eval.n_docs, c.eval.batch = 512, 16, 8
+  # 7: the held-out stdlib files (Python 3.11) long enough for 32K bytes of memory + 512 scored; a
+  # run checks the count before its first step
+  c.eval.score_tokens, c.eval.n_docs, c.eval.batch = 512, 7, 8
   return c
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 
 # ValueError covers json.JSONDecodeError, UnicodeDecodeError and convert's ConvertError.
@@ -51,3 +52,62 @@ def _is_main_program(prog: str) -> bool:
   """Is `prog` the module python -m ran?"""
   spec = getattr(sys.modules.get("__main__"), "__spec__", None)
   return getattr(spec, "name", None) in (prog, prog + ".__main__")
+
+
+def _flag_arg(argv, name: str) -> str:
+  """The value of --NAME on the command line ('' if none)."""
+  for i, a in enumerate(argv):
+    if a.startswith(f"--{name}="):
+      return a[len(name) + 3:]
+    if a == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return ""
+
+
+_DID_YOU_MEAN = re.compile(r'Did you mean "([^"]+)" instead of "([^"]+)"')
+
+
+def override_error(e: BaseException, argv) -> str:
+  """A config override naming a field that does not exist (ml_collections raises KeyError /
+  AttributeError from inside absl's parsing, three chained tracebacks): one line naming the
+  override and the field, with ml_collections' suggestion."""
+  text = " ".join(str(e).replace("\\n", " ").split()).strip("'\"")
+  m = _DID_YOU_MEAN.search(text)
+  wrong = m.group(2) if m else text.split("'")[1] if text.count("'") >= 2 else text
+  given = [a for a in argv if a.startswith("--") and "." in a.split("=", 1)[0]
+           and wrong in a.split("=", 1)[0].split(".")]
+  where = given[0] if given else "a --FLAG.FIELD override"
+  return (f"{where}: no field {wrong!r} in the config" + (f"; did you mean {m.group(1)!r}?" if m else ""))
+
+
+def flag_parser(prog: str, config_flag: str = "config"):
+  """absl's flag parsing (app.run(main, flags_parser=cli.flag_parser(PROG))) with one line
+  `PROG: message` (exit 2) for what fails inside it: a --config.FIELD override naming no field
+  (with ml_collections' 'did you mean'), a bad flag value, or the experiment file raising while
+  it loads (e.g. FILE:ARG naming an argument its get_config() does not take).
+  FOT_JAX_TRACEBACK=1 keeps the traceback."""
+  from absl import flags
+
+  def parse(argv):
+    try:
+      return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 - only flag parsing and the experiment file's code run here
+      if os.environ.get("FOT_JAX_TRACEBACK"):
+        raise
+      cause = e
+      while isinstance(cause, flags.Error) and cause.__cause__ is not None:
+        cause = cause.__cause__
+      if isinstance(cause, (KeyError, AttributeError)) and (_DID_YOU_MEAN.search(str(cause)) or
+                                                            any(a.startswith("--") and "." in a.split("=", 1)[0]
+                                                                for a in argv)):
+        text = override_error(cause, argv)
+      elif isinstance(e, flags.Error):  # a bad value; the file's TypeError / ValueError come wrapped
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        text = lines[0] + (" " + lines[-1] if len(lines) > 1 else "")
+      else:
+        text = (f"--{config_flag}={_flag_arg(argv, config_flag)}: loading the experiment file raised "
+                f"{type(e).__name__}: {e}")
+      if "get_config() takes 0 positional arguments" in text:
+        text += f"; {_flag_arg(argv, config_flag).split(':', 1)[0]} takes no ':ARG' after its path"
+      fail(prog, text)
+  return parse

@@ -12,6 +12,7 @@ import types
 
 import flax.linen as nn
 import jax
+import numpy as np
 
 from data_pipelines.copy_task import CopyTask
 from data_pipelines.dictionary_lookup import DictionaryTask
@@ -111,30 +112,81 @@ REPEAT_FIELDS = ("task", "fraction", "score_first")
 
 
 def repeat_view(config, task):
-  """The repeat view a curriculum task names (`c.data.repeats[task]`: its source task, the
-  fraction of slots repeated, whether their first window is scored), None for any other task."""
-  views = lm_data_settings(config).repeats
-  if task is None or task not in views:
+  """The repeat view a curriculum task names (`c.data.repeats[task]`: its source task, '' or absent
+  for the corpus; the fraction of slots repeated; whether their first window is scored), None for
+  any other task."""
+  data = lm_data_settings(config)
+  if task is None or task not in data.repeats:
     return None
-  v = dict(views[task])
+  v = _plain(data.repeats[task])
   unknown = sorted(set(v) - set(REPEAT_FIELDS))
-  if unknown or "task" not in v:
-    raise ValueError(f"data.repeats.{task}: fields {REPEAT_FIELDS} ('task' required), got unknown "
-                     f"{unknown or 'none'}{'' if 'task' in v else ' and no task'}")
-  return {"task": str(v["task"]), "fraction": float(v.get("fraction", 1.0)),
+  if unknown:
+    raise ValueError(f"data.repeats.{task}: unknown field(s) {unknown}; known: {list(REPEAT_FIELDS)}")
+  return {"task": str(v.get("task") or data.corpus), "fraction": float(v.get("fraction", 1.0)),
           "score_first": bool(v.get("score_first", True))}
 
 
 def retrieval_view(config, task):
   """The retrieval documents a curriculum task names (`c.data.retrieval[task]`, fields of
-  data_pipelines.retrieval_docs.RetrievalSpec), None for any other task."""
+  data_pipelines.retrieval_docs.RetrievalSpec; natural-text slots read the corpus unless the view
+  names its own `text_task`), None for any other task."""
   data = lm_data_settings(config)
-  views = data.retrieval
-  if task is None or task not in views:
+  if task is None or task not in data.retrieval:
     return None
-  spec = RetrievalSpec.from_dict(_plain(views[task]), f"data.retrieval.{task}")
+  fields = _plain(data.retrieval[task])
+  if fields.get("text_slots") and not fields.get("text_task"):
+    fields["text_task"] = data.corpus
+  spec = RetrievalSpec.from_dict(fields, f"data.retrieval.{task}")
   spec.validate(f"data.retrieval.{task}", data.windows_per_slot)
   return spec
+
+
+def corpus_views(config) -> list:
+  """What each text view of an LM run reads: [(view, field, task, split)] for the training text
+  when a phase reads it, every repeat and retrieval view the curriculum uses (a retrieval view
+  without natural-text slots reads none), and the held-out evaluation. `field` is the config field
+  that chose the task, or 'data.corpus' when the view names none."""
+  data, sched = lm_data_settings(config), Schedule(config.train.curriculum)
+  raw = _plain(config.data)
+
+  def chosen(field, value):
+    return field if value else "data.corpus"
+  out = []
+  warmup = warmup_task_name(config)
+  for task in dict.fromkeys(sched.tasks()):  # in the curriculum's order
+    if task is None:
+      out.append(("training text", chosen("data.task", raw.get("task")), data.task, data.split))
+    elif task == warmup:
+      continue  # random token ids, no text
+    elif repeat_view(config, task) is not None:
+      own = _plain(data.repeats[task]).get("task")
+      out.append((f"repeat view {task!r}", chosen(f"data.repeats.{task}.task", own),
+                  repeat_view(config, task)["task"], data.split))
+    elif retrieval_view(config, task) is not None:
+      spec = retrieval_view(config, task)
+      if spec.text_slots:
+        own = _plain(data.retrieval[task]).get("text_task")
+        out.append((f"retrieval view {task!r} text slots", chosen(f"data.retrieval.{task}.text_task", own),
+                    spec.text_task, data.split))
+    else:
+      out.append((f"curriculum task {task!r}", "train.curriculum", task, data.split))
+  out.append(("held-out evaluation", chosen("data.eval_task", raw.get("eval_task")), data.eval_task,
+              data.eval_split))
+  return out
+
+
+def format_corpus_views(config) -> str:
+  """The lines a run prints at its start: the corpus, then each view and the task it reads; a view
+  reading other text than the corpus is marked, so a forgotten override shows before training."""
+  data, views = lm_data_settings(config), corpus_views(config)
+  lines = [f"data: corpus {data.corpus!r} (data.corpus); each view reads:"]
+  for view, field, task, split in views:
+    mark = "" if task == data.corpus else "   <- not the corpus"
+    lines.append(f"  {view:<36} {task!r} split {split!r} ({field}){mark}")
+  if data.task != data.corpus and not any(v[0] == "training text" for v in views):
+    lines.append(f"  note: data.task={data.task!r} is read by no phase of this curriculum; data.corpus sets "
+                 f"what every view reads")
+  return "\n".join(lines)
 
 
 def validate(config, check_data: bool = True) -> None:
@@ -213,13 +265,12 @@ def validate_lm(config, check_data: bool = True) -> None:
     from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
     vocab = vocab_lib.get_vocabulary(d.vocab)
     vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
-    for name in (d.task, d.eval_task):
-      tasks.get_provider(name)
-    for task in Schedule(t.curriculum).tasks():  # a curriculum over tasks names SeqIO tasks
-      if task is not None and task != warmup_task_name(config):
-        view, retrieval = repeat_view(config, task), retrieval_view(config, task)
-        if retrieval is None or retrieval.text_task:
-          tasks.get_provider(retrieval.text_task if retrieval else view["task"] if view else task)
+    named = [("data.corpus", d.corpus), ("data.task", d.task)]  # named, even where no phase reads it
+    for field, task in named + [(field, task) for _, field, task, _ in corpus_views(config)]:
+      try:
+        tasks.get_provider(task)
+      except ValueError as e:
+        raise ValueError(f"{field}={task!r}: {e}") from None
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
   train_settings(config)
@@ -256,6 +307,35 @@ def validate_lm(config, check_data: bool = True) -> None:
   resolve_trainable(t.get("trainable"), cfg)  # a pattern that matches no parameter fails here
   lm_eval_settings(config)
   validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
+  if check_data:  # last: it reads and tokenizes held-out documents
+    eval_documents(config, vocab)
+
+
+def eval_documents(config, vocab) -> list:
+  """The held-out documents (`bos doc eos`, stored order) the LM evaluation scores: eval.n_docs of
+  them, each long enough for the largest memory size plus the scored tail. validate calls it before
+  the first step, so a held-out split too short for the evaluation fails then, not after the
+  training time is spent; the error says which sizes would fit."""
+  from data_pipelines import pipeline, vocab as vocab_lib
+  from fot_jax.eval.perplexity import needed_length
+  data, ev = lm_data_settings(config), lm_eval_settings(config)
+  need = needed_length(ev.memory_tokens, ev.score_tokens)
+  ids = vocab_lib.special_ids(vocab)
+  docs, lengths = [], []
+  for doc in pipeline.document_tokens(data.eval_task, vocab, data.eval_split, seed=None):
+    lengths.append(len(doc) + 2)
+    if lengths[-1] >= need:
+      docs.append(np.concatenate([[ids["bos"]], doc, [ids["eos"]]]).astype(np.int32))
+      if len(docs) == ev.n_docs:
+        return docs
+  lengths.sort(reverse=True)
+  fit = lengths[ev.n_docs - 1] if len(lengths) >= ev.n_docs else 0
+  raise ValueError(
+      f"eval: {len(docs)} of the eval.n_docs={ev.n_docs} held-out documents of {data.eval_task!r} split "
+      f"{data.eval_split!r} have the {need} tokens the evaluation needs (max eval.memory_tokens "
+      f"{max(ev.memory_tokens)} + eval.score_tokens {ev.score_tokens} + 1); that split has {len(lengths)} "
+      f"documents" + (f", its {ev.n_docs} longest at least {fit} tokens: lower the two to sum to at most "
+                      f"{fit - 1}, or eval.n_docs" if fit else ": lower eval.n_docs") + ", or set data.eval_task to longer text")
 
 
 # experiment 'baselines' (fot_jax/baselines.py): FoT first, then the paper's comparisons (BASELINE_ARMS)

@@ -17,6 +17,7 @@ before JAX or TensorFlow is imported (a bad input ends in one line at once).
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -41,7 +42,10 @@ _MEM_LAYERS = flags.DEFINE_string("mem_layers", None, "Memory layers over the ch
 _OVERRIDES = flags.DEFINE_string("model_overrides", None, "ModelConfig fields over the checkpoint's, as JSON, e.g. "
                                  "'{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}, "
                                  "\"attention_impl\": \"blockwise\"}' (a RoPE method with a window as long as the prompt).")
-_EVAL = config_flags.DEFINE_config_dict("eval", eval_config.default_config(), "Suite settings.")
+try:  # config_flags parses the --eval.FIELD overrides here, at definition, not inside app.run
+  _EVAL = config_flags.DEFINE_config_dict("eval", eval_config.default_config(), "Suite settings.")
+except (KeyError, AttributeError) as e:
+  cli.fail("fot_jax.evaluate", cli.override_error(e, sys.argv))
 
 
 def _layers(text: str):
@@ -108,4 +112,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.flag_parser("fot_jax.evaluate", "checkpoint"))

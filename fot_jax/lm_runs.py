@@ -30,17 +30,6 @@ def lm_run_fields(config) -> dict:
   return fields
 
 
-def lm_eval_docs(config, vocab, need: int):
-  """Held-out documents (`bos doc eos`) of at least `need` tokens, in the task's stored order."""
-  ids, data = vocab_lib.special_ids(vocab), configs.lm_data_settings(config)
-  docs = pipeline.long_documents(data.eval_task, vocab, data.eval_split, need,
-                                 configs.lm_eval_settings(config).n_docs, wrap=(ids["bos"], ids["eos"]))
-  if not docs:
-    raise ValueError(f"eval: no document of {data.eval_task!r} split {data.eval_split!r} has "
-                     f"{need} tokens (max eval.memory_tokens + eval.score_tokens + 1); lower them")
-  return docs
-
-
 def lm_copy_warmup(config, arm: str) -> CopyBatches:
   """The batches of an LM curriculum's copy warm-up (phases whose task is `warmup.task`): FoT's
   documents split in two windows of `span` tokens, whatever the LM's own window (memory keys
@@ -90,7 +79,8 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
   vocab = vocab_lib.get_vocabulary(data.vocab)
   vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
   arms = ["fot"] + (["no_crossbatch"] if config.baseline.enabled else [])
-  results = {"config": config.to_dict(), "data": {}}
+  print(configs.format_corpus_views(config), flush=True)
+  results = {"config": config.to_dict(), "data": {}, "corpus_views": [list(v) for v in configs.corpus_views(config)]}
   trained = {}
   for name in arms:
     # The baseline: FoT's phases as they ran (same tasks, same steps), without crossbatch.
@@ -109,7 +99,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
       print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
     results["data"][name] = report
   ev = configs.lm_eval_settings(config)
-  docs = lm_eval_docs(config, vocab, perplexity.needed_length(ev.memory_tokens, ev.score_tokens))
+  docs = configs.eval_documents(config, vocab)  # checked before training by configs.validate
   print(f"evaluating on {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   for name in arms:
     inference = MemoryInference(cfg, trained[name]["params"], data.window, ev.mode, ev.topk)

@@ -127,4 +127,4 @@ def _main():
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.flag_parser("fot_jax.main"))

@@ -7,7 +7,8 @@ entry points and the study's config checks use it before anything heavy loads.
   TrainSettings  one training run (fot_jax.train.train takes it): steps, optimiser, seed, scoring,
                  accumulation, cadences, init_from, mesh, crossbatch scope, trainable parameters;
                  each runner builds it from its experiment's sections (runs, lm_runs, the study).
-  LMDataSettings an LM experiment's `c.data`: the task, vocabulary and slot batch shape.
+  LMDataSettings an LM experiment's `c.data`: the corpus and the views that read it, vocabulary and
+                 slot batch shape.
   LMEvalSettings an LM experiment's `c.eval`: perplexity against memory size.
   DictionaryArm, DictionaryEvalSettings  the dictionary-lookup experiment's arms (`c.fot`,
                  `c.baseline`: their batch shape) and evaluation (accuracy against memory, r_d).
@@ -206,17 +207,22 @@ class LMEvalSettings:
 
 @dataclasses.dataclass(frozen=True)
 class LMDataSettings:
-  """An LM experiment's data (`c.data`): `task` (a SeqIO task or mixture) read in `vocab` ('byte', a
-  SentencePiece model or a tokenizer.json) into `slots` document streams over all hosts, each row
-  `window` tokens and `windows_per_slot` consecutive rows per slot (one pack); documents shorter than
-  min_doc_len dropped, longer than max_doc_len truncated (0: never); eval_task ('': the task) /
-  eval_split: the held-out documents of the evaluation. `repeats` and `retrieval` name extra curriculum tasks (their
-  views are read by fot_jax.configs.repeat_view / retrieval_view)."""
-  task: str
+  """An LM experiment's data (`c.data`): `corpus`, the text the experiment names once (a SeqIO task
+  or mixture, `files:PATTERN` or `jsonl:PATTERN`), read in `vocab` ('byte', a SentencePiece model or
+  a tokenizer.json) into `slots` document streams over all hosts, each row `window` tokens and
+  `windows_per_slot` consecutive rows per slot (one pack); documents shorter than min_doc_len
+  dropped, longer than max_doc_len truncated (0: never). Every text view reads the corpus unless it
+  names its own: `task` (the training text, split `split`), `eval_task` (the held-out documents of
+  the evaluation, split `eval_split`), a repeat view's `task` and a retrieval view's `text_task`
+  (fot_jax.configs.repeat_view / retrieval_view; `configs.corpus_views` lists what each reads).
+  '' (or absent) means the corpus; an experiment that sets only `task` (files written before the
+  corpus field) has that task as its corpus. `repeats` and `retrieval` name extra curriculum tasks."""
   vocab: str
   slots: int
   windows_per_slot: int
   window: int
+  corpus: str = ""
+  task: str = ""
   split: str = "train"
   min_doc_len: int = 1
   max_doc_len: int = 0
@@ -235,7 +241,7 @@ class LMDataSettings:
       raise ValueError(f"{where}: missing field(s) {missing}")
     out = {**_ints(d, ("slots", "windows_per_slot", "window", "min_doc_len"), where, 1),
            **_ints(d, ("max_doc_len",), where, 0)}
-    for name in ("task", "vocab", "split", "eval_task", "eval_split"):
+    for name in ("corpus", "task", "vocab", "split", "eval_task", "eval_split"):
       if name in d:
         if not isinstance(d[name], str):
           raise ValueError(f"{where}.{name}: must be a string, got {d[name]!r}")
@@ -243,9 +249,12 @@ class LMDataSettings:
     for name in ("repeats", "retrieval"):
       if d.get(name) is not None:
         out[name] = _dict(d[name], f"{where}.{name}", "a dict of curriculum task name -> its settings")
-    out.setdefault("eval_task", out["task"])  # '' or absent: held out from the training task
-    if not out["eval_task"]:
-      out["eval_task"] = out["task"]
+    out["corpus"] = out.get("corpus") or out.get("task") or ""
+    if not out["corpus"]:
+      raise ValueError(f"{where}.corpus: required: the text every view reads (a registered task such as "
+                       f"'stdlib', files:PATTERN or jsonl:PATTERN)")
+    for name in ("task", "eval_task"):  # '' or absent: the corpus
+      out[name] = out.get(name) or out["corpus"]
     return cls(**out)
 
 

@@ -255,7 +255,7 @@ def _bad_inputs(tmp):
       ("study_misspelt_method_key", st + [f"--config={tmp / 'study.py'}:misspelt", f"--workdir={out}"],
        f"fot_jax.study: {tmp / 'study.py'}:misspelt: study method 'm': unknown key(s) ['overides']"),
       ("study_unknown_arm", st + [f"--config={tmp / 'study.py'}:nosuch", f"--workdir={out}"],
-       f"fot_jax.study: --config={tmp / 'study.py'}:nosuch: loading the study file raised KeyError: 'nosuch'"),
+       f"fot_jax.study: --config={tmp / 'study.py'}:nosuch: loading the experiment file raised KeyError: 'nosuch'"),
       ("study_arm_of_a_file_without_arms", st + [f"--config={tmp / 'study_noarg.py'}:fast", f"--workdir={out}"],
        "takes no ':ARG' after its path"),
       ("study_missing_file", st + [f"--config={tmp / 'nowhere.py'}", f"--workdir={out}"],

@@ -95,12 +95,12 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
   # copy (a repeat view, twice), then stdlib with a share of repeated slots; the baseline mirrors
   # FoT's phases without crossbatch.
   assert [(p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
-      ("copy", 0, 1), ("stdlib_repeat", 1, 2), ("stdlib_repeat", 2, 3), ("stdlib_mixed", 3, 4),
+      ("copy", 0, 1), ("repeat", 1, 2), ("repeat", 2, 3), ("mixed", 3, 4),
       ("stdlib_pk", 4, 5)]
   assert [(p["task"], p["spec"]) for p in saved["no_crossbatch"]["phases"]] == [
-      ("copy", {}), ("stdlib_repeat", {}), ("stdlib_repeat", {}), ("stdlib_mixed", {}), ("stdlib_pk", {})]
-  assert sorted(saved["data"]["fot"]) == ["stdlib_mixed", "stdlib_pk", "stdlib_repeat"]  # the warm-up has none
-  assert "documents used" in saved["data"]["fot"]["stdlib_mixed"]["pipeline"]
+      ("copy", {}), ("repeat", {}), ("repeat", {}), ("mixed", {}), ("stdlib_pk", {})]
+  assert sorted(saved["data"]["fot"]) == ["mixed", "repeat", "stdlib_pk"]  # the warm-up has none
+  assert "documents used" in saved["data"]["fot"]["mixed"]["pipeline"]
   assert results["fot"]["perplexity"] == saved["fot"]["perplexity"]
 
 
@@ -111,8 +111,8 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
     ("data.vocab", "/no/such.model", "data.vocab"),
     ("train.init_from", "/no/such/ckpt", "train.init_from: no checkpoint at '/no/such/ckpt'"),
     ("train.trainable", ("memory_attention", "nope/.*"), r"train.trainable: 'nope/.\*' matches no parameter"),
-    ("data.repeats.stdlib_mixed.fraction", 0.0, r"data.repeats.stdlib_mixed: .*fraction in \(0, 1\]"),
-    ("data.repeats.stdlib_repeat.task", "nope", "unknown task or mixture 'nope'"),
+    ("data.repeats.mixed.fraction", 0.0, r"data.repeats.mixed: .*fraction in \(0, 1\]"),
+    ("data.repeats.repeat.task", "nope", "unknown task or mixture 'nope'"),
 ])
 def test_lm_validate_names_the_problem(field, value, message):
   config = stdlib_lm_tiny.get_config()

@@ -85,3 +85,13 @@ def test_cli_reports_config_errors_without_traceback(tmp_path):
   assert proc.returncode != 0
   assert "config error: fot.window=200" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_a_misspelt_config_field_is_one_line_with_the_suggestion(tmp_path):
+  """ml_collections raises it inside absl's flag parsing (three chained tracebacks before)."""
+  proc = subprocess.run([sys.executable, "-m", "fot_jax.main", "--config=experiments/stdlib_lm_tiny.py",
+                         "--config.train.stpes=3", f"--workdir={tmp_path}"], capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == ("fot_jax.main: --config.train.stpes=3: no field 'stpes' in the "
+                                                  "config; did you mean 'steps'?")

@@ -141,8 +141,9 @@ def test_an_lm_experiments_data_section_is_read_once(field, value, message):
   from experiments import stdlib_lm_tiny
   config = stdlib_lm_tiny.get_config()
   d = configs.lm_data_settings(config)
-  assert (d.task, d.slots, d.windows_per_slot, d.window) == (config.data.task, config.data.slots,
-                                                             config.data.windows_per_slot, config.data.window)
+  assert (d.corpus, d.slots, d.windows_per_slot, d.window) == (config.data.corpus, config.data.slots,
+                                                               config.data.windows_per_slot, config.data.window)
+  assert d.task == d.eval_task == d.corpus  # the file names its text once: every view reads the corpus
   assert configs.train_shape(config)[:2] == (d.slots * d.windows_per_slot, d.window)
   with pytest.raises(ValueError, match=message):
     configs.lm_data_settings(ml_collections.ConfigDict({"data": dict(config.data.to_dict(), **{field: value})}))

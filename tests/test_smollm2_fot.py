@@ -1,6 +1,6 @@
 """experiments/smollm2_fot.py end to end on a tiny random LLaMA of its kind (no download): a
 checkpoint with a byte-level BPE tokenizer.json, FoT fine-tuning of the memory layers' attention
-only through the curriculum over stdlib repeat views, then the perplexity evaluation."""
+only through the curriculum over repeat views of a jsonl corpus, then the perplexity evaluation."""
 import json
 
 import jax
@@ -12,12 +12,16 @@ from fot_jax import configs, lm_runs
 from fot_jax import checkpoint
 from fot_jax.convert import export_hf
 from fot_jax.model.init import init_params
+from tests.test_corpus import jsonl_corpus
 from tests.test_vocab_hf import make_tokenizer
 
 
-def test_smollm2_fot_tiny_end_to_end(tmp_path):
+def test_smollm2_fot_tiny_end_to_end(tmp_path, capsys):
+  """On a corpus of one's own: one field (data.corpus) moves every view to it, and the run's start
+  says what each view reads."""
   ck = str(tmp_path / "ck")
   config = smollm2_fot.get_test_config(ck)
+  config.data.corpus = mine = jsonl_corpus(tmp_path / "mine.jsonl", [600, 600])
   cfg = configs.model_config(config)
   imported = cfg.__class__(**{**cfg.__dict__, "mem_layers": ()})  # an import has no memory layers
   rng = np.random.default_rng(0)  # random weights straight from NumPy: no init to compile
@@ -27,8 +31,15 @@ def test_smollm2_fot_tiny_end_to_end(tmp_path):
   configs.validate(config)
   results = lm_runs.run_lm(config, str(tmp_path / "run"))
   saved = json.loads((tmp_path / "run" / "results.json").read_text())
+  start = capsys.readouterr().out.split("data: corpus ", 1)[1].splitlines()
+  assert start[0] == f"{mine!r} (data.corpus); each view reads:"
+  assert [line.split()[:3] for line in start[1:4]] == [["repeat", "view", "'repeat'"], ["repeat", "view", "'mixed'"],
+                                                      ["held-out", "evaluation", repr(mine)]]
+  assert all(repr(mine) in line and "not the corpus" not in line for line in start[1:4])
+  assert sorted(saved["data"]["fot"]) == ["mixed", "repeat"]  # the reports of both views' readers
+  assert {v[2] for v in saved["corpus_views"]} == {mine}
   assert [(p["name"], p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
-      ("copy_d1", "stdlib_repeat", 0, 1), ("copy", "stdlib_repeat", 1, 2), ("lm", "stdlib_mixed", 2, 3)]
+      ("copy_d1", "repeat", 0, 1), ("copy", "repeat", 1, 2), ("lm", "mixed", 2, 3)]
   assert saved["fot"]["memory_tokens"] == [0, 32] and "no_crossbatch" not in saved
   assert all(np.isfinite(p) and p > 1 for p in results["fot"]["perplexity"])
   # only the memory layer's attention moved; everything else is the checkpoint's, bit for bit

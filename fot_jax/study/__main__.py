@@ -18,35 +18,6 @@ from fot_jax.study.config import check_config  # noqa: E402
 PROG = "fot_jax.study"
 
 
-def _config_arg(argv) -> str:
-  """The --config value on the command line ('' if none)."""
-  for i, a in enumerate(argv):
-    if a.startswith("--config="):
-      return a[len("--config="):]
-    if a == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return ""
-
-
-def parse_flags(argv):
-  """absl's flag parsing, where loading the study file happens (ml_collections), with one line for
-  a failure: a flag error, or the study file raising (e.g. `--config=FILE:ARG` naming an argument
-  its get_config() does not know). FOT_JAX_TRACEBACK=1 keeps the traceback."""
-  try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # noqa: BLE001 - only flag parsing and the study file's own code run here
-    if os.environ.get("FOT_JAX_TRACEBACK"):
-      raise
-    if isinstance(e, flags.Error):  # the study file's TypeError / ValueError come wrapped, with its traceback
-      lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-      text = lines[0] + (" " + lines[-1] if len(lines) > 1 else "")
-    else:
-      text = f"--config={_config_arg(argv)}: loading the study file raised {type(e).__name__}: {e}"
-    if "get_config() takes 0 positional arguments" in text:
-      text += f"; {_config_arg(argv).split(':', 1)[0]} takes no ':ARG' after its path"
-    cli.fail(PROG, text)
-
-
 def main(argv):
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
@@ -76,4 +47,4 @@ def main(argv):
 if __name__ == "__main__":
   config_flags.DEFINE_config_file("config", None, "Study file (one get_config()).")
   flags.DEFINE_string("workdir", None, "Where the base, per-method results, table and figures go.")
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.flag_parser(PROG))
