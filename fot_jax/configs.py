@@ -270,7 +270,7 @@ def validate_lm(config, check_data: bool = True) -> None:
       try:
         tasks.get_provider(task)
       except ValueError as e:
-        raise ValueError(f"{field}={task!r}: {e}") from None
+        raise ValueError(f"{field}={task!r}: {str(e).removeprefix('data.task: ')}") from None
   if not cfg.mem_layers:
     raise ValueError("model.mem_layers: FoT needs at least one memory layer")
   train_settings(config)

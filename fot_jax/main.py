@@ -71,7 +71,7 @@ def main(argv):
 def _experiment_config():
   """The --config experiment (with its --config.* overrides); a missing or unloadable file is a
   FileNotFoundError naming it (config_flags defers its IOError to the first access)."""
-  path = config_flags.get_config_filename(flags.FLAGS["config"])
+  path = config_flags.get_config_filename(flags.FLAGS["config"]).split(":", 1)[0]  # FILE or FILE:ARG
   if not os.path.isfile(path):
     raise FileNotFoundError(f"--config={path}: no such experiment file")
   config = _CONFIG.value
@@ -90,7 +90,8 @@ def _main():
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   try:
     if _SWEEP_RUN.value:
-      sweep = {r["name"]: r for r in configs.sweep_runs(config_flags.get_config_filename(flags.FLAGS["config"]))}
+      sweep = {r["name"]: r for r in configs.sweep_runs(
+          config_flags.get_config_filename(flags.FLAGS["config"]).split(":", 1)[0])}
       if _SWEEP_RUN.value not in sweep:
         raise ValueError(f"--sweep_run={_SWEEP_RUN.value}: not a run of get_sweep(); runs: {sorted(sweep)}")
       configs.apply_overrides(config, sweep[_SWEEP_RUN.value])
