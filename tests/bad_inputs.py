@@ -220,6 +220,18 @@ CASES = [
     Case("lm_harness_missing_checkpoint", "--model_args checkpoint= a path that does not exist", HARNESS,
          ["--model", "fot_jax", "--model_args", "checkpoint={T}/nowhere,window=32"] + HARNESS_TASKS,
          ("checkpoint", "{T}/nowhere")),
+    # ---- issue 33: your corpus, checked before the first step
+    Case("main_misspelt_field", "--config.train.stpes=3 (a field that does not exist)", MAIN,
+         ["--config=experiments/stdlib_lm_tiny.py", "--config.train.stpes=3", "--workdir={T}/w_typo"],
+         ("--config.train.stpes=3", "did you mean 'steps'")),
+    Case("evaluate_misspelt_field", "--eval.ppl.n_dcs=3 (a suite field that does not exist)", EVAL,
+         ["--checkpoint={T}/nowhere", "--eval.ppl.n_dcs=3", "--workdir={T}/ev_typo"],
+         ("--eval.ppl.n_dcs=3", "did you mean 'n_docs'")),
+    Case("main_unknown_corpus", "data.corpus names no task", MAIN,
+         [TINY, "--config.data.corpus=nope", "--workdir={T}/w_corpus"], ("data.corpus='nope'", "unknown task")),
+    Case("main_eval_docs_short", "the corpus's held-out documents are shorter than the evaluation needs", MAIN,
+         [TINY, "--config.data.corpus=jsonl:{T}/short.jsonl", "--config.eval.memory_tokens=(0,512)",
+          "--workdir={T}/w_short"], ("eval.n_docs=1", "jsonl:{T}/short.jsonl", "lower")),
 ]
 
 
@@ -298,6 +310,7 @@ def build_cheap(t: str) -> None:
   for n in ("a.txt", "b.txt"):
     write(f"corpus/{n}", f"the document {n}")
   write("broken.jsonl", "{broken\n{also broken\n")
+  write("short.jsonl", "".join(json.dumps({"text": f"note {i}: a short line of text."}) + "\n" for i in range(400)))
   os.makedirs(os.path.join(t, "empty_run"))
   write("trunc_run/eval/ppl.json", '{"suite": "ppl", "name": "trunc_run", "perplexity": [1.5, ')
 
