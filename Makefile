@@ -56,7 +56,7 @@ smollm2-retrieval: checkpoints/smollm2-135m/fot_jax_model.json
 	$(VENV)/bin/python -m fot_jax.main --config=experiments/smollm2_retrieval.py --workdir=runs/smollm2_retrieval
 
 # make smollm2-tune CORPUS=jsonl:FILE [WORKDIR=runs/smollm2_tune]: FoT tuning of SmolLM2-135M's memory layers
-# on your own text (experiments/smollm2_fot.py:quick, 40 steps, ~20 minutes on 2 cores), every view reading
+# on your own text (experiments/smollm2_fot.py:quick, 40 steps, ~11 minutes on 2 cores), every view reading
 # CORPUS (a task name, files:PATTERN or jsonl:PATTERN; docs/data.md). Imports SmolLM2 first when needed.
 CORPUS ?=
 WORKDIR ?= runs/smollm2_tune
