@@ -111,7 +111,7 @@ def run_baselines(config, workdir: str, train: bool = True) -> Dict:
   b, ev = configs.baselines_settings(config), configs.lm_eval_settings(config)
   k = data.windows_per_slot
   print(configs.format_corpus_views(config), flush=True)
-  docs = configs.eval_documents(config, vocab)
+  docs = lm_runs.eval_documents(config, vocab)
   print(f"baselines: {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   results = {"config": config.to_dict(), "memory_tokens": [int(m) for m in ev.memory_tokens],
              "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),

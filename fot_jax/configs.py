@@ -19,6 +19,7 @@ from data_pipelines.dictionary_lookup import DictionaryTask
 from data_pipelines.retrieval_docs import RetrievalSpec
 from fot_jax import crossbatch, jsonio, parallel, recurrent
 from fot_jax.curriculum import Schedule
+from fot_jax.eval import perplexity
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
@@ -308,24 +309,26 @@ def validate_lm(config, check_data: bool = True) -> None:
   lm_eval_settings(config)
   validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
   if check_data:  # last: it reads and tokenizes held-out documents
-    eval_documents(config, vocab)
+    from data_pipelines import pipeline  # TensorFlow/SeqIO, as the tasks above
+    ids = vocab_lib.special_ids(vocab)
+    eval_documents(config, pipeline.document_tokens(d.eval_task, vocab, d.eval_split, seed=None), ids["bos"],
+                   ids["eos"])
 
 
-def eval_documents(config, vocab) -> list:
-  """The held-out documents (`bos doc eos`, stored order) the LM evaluation scores: eval.n_docs of
-  them, each long enough for the largest memory size plus the scored tail. validate calls it before
-  the first step, so a held-out split too short for the evaluation fails then, not after the
-  training time is spent; the error says which sizes would fit."""
-  from data_pipelines import pipeline, vocab as vocab_lib
-  from fot_jax.eval.perplexity import needed_length
+def eval_documents(config, documents, bos: int, eos: int) -> list:
+  """The held-out documents (`bos doc eos`, stored order) the LM evaluation scores, from `documents`
+  (the held-out split's token arrays in stored order: pipeline.document_tokens(data.eval_task, vocab,
+  data.eval_split, seed=None)): eval.n_docs of them, each long enough for the largest memory size
+  plus the scored tail. validate reads them before the first step, so a held-out split too short
+  for the evaluation fails then, not after the training time is spent; the error says which sizes
+  would fit."""
   data, ev = lm_data_settings(config), lm_eval_settings(config)
-  need = needed_length(ev.memory_tokens, ev.score_tokens)
-  ids = vocab_lib.special_ids(vocab)
+  need = perplexity.needed_length(ev.memory_tokens, ev.score_tokens)
   docs, lengths = [], []
-  for doc in pipeline.document_tokens(data.eval_task, vocab, data.eval_split, seed=None):
+  for doc in documents:
     lengths.append(len(doc) + 2)
     if lengths[-1] >= need:
-      docs.append(np.concatenate([[ids["bos"]], doc, [ids["eos"]]]).astype(np.int32))
+      docs.append(np.concatenate([[bos], doc, [eos]]).astype(np.int32))
       if len(docs) == ev.n_docs:
         return docs
   lengths.sort(reverse=True)

@@ -30,6 +30,13 @@ def lm_run_fields(config) -> dict:
   return fields
 
 
+def eval_documents(config, vocab):
+  """The held-out documents of the evaluation (configs.eval_documents; validate checked them)."""
+  data, ids = configs.lm_data_settings(config), vocab_lib.special_ids(vocab)
+  return configs.eval_documents(config, pipeline.document_tokens(data.eval_task, vocab, data.eval_split, seed=None),
+                                ids["bos"], ids["eos"])
+
+
 def lm_copy_warmup(config, arm: str) -> CopyBatches:
   """The batches of an LM curriculum's copy warm-up (phases whose task is `warmup.task`): FoT's
   documents split in two windows of `span` tokens, whatever the LM's own window (memory keys
@@ -99,7 +106,7 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
       print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
     results["data"][name] = report
   ev = configs.lm_eval_settings(config)
-  docs = configs.eval_documents(config, vocab)  # checked before training by configs.validate
+  docs = eval_documents(config, vocab)
   print(f"evaluating on {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   for name in arms:
     inference = MemoryInference(cfg, trained[name]["params"], data.window, ev.mode, ev.topk)

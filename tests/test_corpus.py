@@ -6,7 +6,7 @@ import pytest
 
 from data_pipelines import sources, vocab
 from experiments import smollm2_fot, smollm2_retrieval, stdlib_lm_tiny
-from fot_jax import configs
+from fot_jax import configs, lm_runs
 
 MINE = "jsonl:/data/my_corpus.jsonl"
 
@@ -86,5 +86,5 @@ def test_held_out_documents_too_short_for_the_evaluation_fail_before_training(tm
     configs.validate(config)
   config.eval.memory_tokens, config.eval.score_tokens = (0, 64), 32  # 64 + 32 + 1 <= 102: it fits
   configs.validate(config)
-  docs = configs.eval_documents(config, vocab.get_vocabulary("byte"))
+  docs = lm_runs.eval_documents(config, vocab.get_vocabulary("byte"))
   assert sorted(len(d) for d in docs) == [102, 302]

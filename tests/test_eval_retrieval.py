@@ -3,6 +3,8 @@
 The stub models below exist only to check the scoring: they are not models and never
 appear in results. The one real-model check (teacher-forced scoring = greedy decoding)
 uses a tiny random fot_jax model."""
+import os
+
 import numpy as np
 import pytest
 
@@ -126,3 +128,133 @@ def test_teacher_forced_score_equals_greedy_decoding():
     wrong.append((bad, n))
   assert retrieval.score(model, examples, batch=2).tolist() == [True, True]
   assert retrieval.score(model, wrong, batch=2).tolist() == [False, False]
+  # the recorded answer (argmax at the answer positions) is greedy's continuation up to the first
+  # wrong token: here the last one, so all of it
+  ((idx, hits, preds),) = list(retrieval.score_batches(model, wrong, batch=2))  # the shapes score compiled
+  assert not hits.any() and [preds[r].tolist() for r in np.argsort(idx)] == [f[n:].tolist() for f, n in examples]
+
+
+class CountingStub(PerfectStub):
+  """PerfectStub that counts the prompts it scores and can fail (a simulated kill) after
+  `fail_after` batches."""
+
+  def __init__(self, vocab_size, fail_lengths=(), fail_after=None):
+    super().__init__(vocab_size, fail_lengths)
+    self.rows, self.batches, self.fail_after = 0, 0, fail_after
+
+  def logits(self, tokens, mask):
+    if self.fail_after is not None and self.batches >= self.fail_after:
+      raise KeyboardInterrupt("killed")
+    self.batches += 1
+    self.rows += len(tokens)
+    return super().logits(tokens, mask)
+
+
+def test_a_killed_grid_resumes_prompt_by_prompt(tmp_path):
+  """4 prompts, 1 a batch, wrong on the 1024-token ones: killed after 2 batches, the same call
+  scores only the other 2 and returns what an uninterrupted run returns, answers included."""
+  make = passkey.make_prompt_fn(BYTE)
+  args = (BYTE, make, [512, 1024], [0.0, 1.0], 1, 0)
+  kw = dict(batch=1, suite="passkey")
+  whole = CountingStub(BYTE.vocab_size, fail_lengths=[(900, 1100)])
+  reference = retrieval.grid(whole, *args, **kw)
+  assert whole.rows == 4 and reference["accuracy"] == [[1.0, 1.0], [0.0, 0.0]]
+  path = str(tmp_path / "passkey.prompts.jsonl")
+  with pytest.raises(KeyboardInterrupt):
+    retrieval.grid(CountingStub(BYTE.vocab_size, [(900, 1100)], fail_after=2), *args, **kw,
+                   records=retrieval.PromptRecords(path, "model-a"))
+  assert len(open(path).read().splitlines()) == 2
+  resumed = CountingStub(BYTE.vocab_size, fail_lengths=[(900, 1100)])
+  out = retrieval.grid(resumed, *args, **kw, records=retrieval.PromptRecords(path, "model-a"))
+  assert resumed.rows == 2 and out == reference
+  for p in out["prompts"]:  # each prompt's expected and teacher-forced answer text
+    assert p["correct"] == (p["length"] == 512) and p["expected"].strip() == str(int(p["expected"]))
+    assert (p["answer"] == p["expected"]) == p["correct"]
+  # another model (key) or seed: nothing reused
+  other = CountingStub(BYTE.vocab_size)
+  retrieval.grid(other, *args, **kw, records=retrieval.PromptRecords(path, "model-b"))
+  assert other.rows == 4
+  # a line cut by a kill is dropped (and cut off the file), its prompt scored again
+  with open(path, "a") as f:
+    f.write('{"key": "')
+  again = CountingStub(BYTE.vocab_size, fail_lengths=[(900, 1100)])
+  assert retrieval.grid(again, *args, **kw, records=retrieval.PromptRecords(path, "model-a")) == reference
+  assert again.rows == 0 and open(path).read().endswith("}\n")
+
+
+SLOW_GRID = """# A 4-prompt grid, one prompt a batch, each batch taking SLEEP seconds:
+# python slow_grid.py RECORDS SLEEP
+import sys
+import time
+
+import numpy as np
+
+from fot_jax.eval import retrieval
+
+
+class Vocab:  # one id per character, bos 1
+  bos_id, vocab_size = 1, 130
+
+  def encode(self, text):
+    return [ord(c) for c in text]
+
+  def decode(self, ids):
+    return "".join(chr(i) for i in ids if i > 1)
+
+
+class Slow:  # predicts every next token, after a sleep
+  def __init__(self, sleep=0.0):
+    self.sleep, self.rows = sleep, 0
+
+  def logits(self, tokens, mask):
+    time.sleep(self.sleep)
+    self.rows += len(tokens)
+    out = np.zeros(tokens.shape + (130,), np.float32)
+    nxt = np.concatenate([tokens[:, 1:], tokens[:, :1]], 1)
+    out[np.arange(len(tokens))[:, None], np.arange(tokens.shape[1])[None], nxt] = 1.0
+    return out
+
+
+def make(length, depth, rng):
+  key = int(rng.integers(10000, 99999))
+  return "x" * length + f"key {key} at {depth}? ", str(key)
+
+
+def run(model, records=None):
+  return retrieval.grid(model, Vocab(), make, [20, 40], [0.0, 1.0], 1, 0, batch=1, suite="s", records=records)
+
+
+if __name__ == "__main__":
+  print(run(Slow(float(sys.argv[2])), retrieval.PromptRecords(sys.argv[1], "m"))["accuracy"])
+"""
+
+
+def test_sigkill_mid_evaluation_then_only_the_missing_prompts_run(tmp_path):
+  """A real kill -9 of a 4-prompt evaluation after 2 recorded prompts: the resumed run scores
+  only the prompts not recorded and returns what an uninterrupted run returns."""
+  import importlib.util
+  import json
+  import signal
+  import subprocess
+  import sys
+  import time
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script, path = tmp_path / "slow_grid.py", tmp_path / "s.prompts.jsonl"
+  script.write_text(SLOW_GRID)
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen([sys.executable, str(script), str(path), "1.0"], env=env, cwd=root,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  deadline = time.time() + 120
+  while time.time() < deadline and proc.poll() is None and not (path.exists() and path.read_text().count("\n") >= 2):
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  recorded = {json.loads(line)["key"] for line in path.read_text().splitlines()}
+  assert 2 <= len(recorded) < 4, proc.stdout.read()
+  spec = importlib.util.spec_from_file_location("slow_grid", script)
+  slow = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(slow)
+  model = slow.Slow()
+  out = slow.run(model, retrieval.PromptRecords(str(path), "m"))
+  assert model.rows == 4 - len(recorded)
+  assert out == slow.run(slow.Slow())  # an uninterrupted run, no records

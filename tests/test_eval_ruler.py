@@ -192,6 +192,33 @@ def test_evaluate_end_to_end_with_an_answering_stub(capsys):
   assert res["tasks"]["niah_noise"]["effective_length"] == 1024 and res["effective_length"] is None
 
 
+def test_a_killed_evaluation_resumes_prompt_by_prompt(tmp_path):
+  """4 prompts, 2 a batch: killed after the first batch, the same call generates only the other
+  two and returns what an uninterrupted run returns, every prompt's output and score included."""
+  from fot_jax.eval.retrieval import PromptRecords
+  seen = []
+
+  def half(prompts, max_new_tokens, fail=False):  # the first value only: multivalue scores 0.25
+    if fail and seen:
+      raise KeyboardInterrupt("killed")
+    seen.append(len(prompts))
+    return [" " + answer(p)[0] for p in prompts]
+
+  args = (BYTE, ["multivalue"], [1024, 2048], 2, 0)
+  reference = ruler.evaluate(half, *args, batch=2)
+  assert seen == [2, 2] and reference["tasks"]["multivalue"]["accuracy"] == [0.25, 0.25]
+  path = str(tmp_path / "ruler.prompts.jsonl")
+  seen.clear()
+  with pytest.raises(KeyboardInterrupt):
+    ruler.evaluate(lambda p, n: half(p, n, fail=True), *args, batch=2, records=PromptRecords(path, "m"))
+  seen.clear()
+  out = ruler.evaluate(half, *args, batch=2, records=PromptRecords(path, "m"))
+  assert seen == [2] and out == reference
+  listed = out["prompts"]["multivalue"]
+  assert [(p["length"], p["trial"]) for p in listed] == [(1024, 0), (1024, 1), (2048, 0), (2048, 1)]
+  assert all(p["output"].strip() in p["expected"] and p["score"] == 0.25 for p in listed)
+
+
 def test_real_tiny_model_through_generate_and_the_suite(tmp_path):
   # a random model answers nothing; this checks the plumbing: bos + prompt windows with memory,
   # greedy continuation decoded from the new tokens only; then the suite's JSON, plot and report

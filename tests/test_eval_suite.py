@@ -105,3 +105,44 @@ def test_model_overrides_flag_parses_fields_and_names_bad_ones():
     _model_overrides('{"rope": 1}')
   with pytest.raises(ValueError, match="--mem_layers"):
     _model_overrides('{"mem_layers": [1]}')
+
+
+def test_passkey_killed_midway_resumes_prompt_by_prompt(tmp_path, monkeypatch, capsys):
+  """suite.run's passkey killed after its first batch (of 2): the same command scores only the
+  second batch, its JSON equals an uninterrupted run's (each prompt's expected and generated
+  answer listed), and records of another checkpoint (other parameters) are not reused."""
+  import pytest
+  from fot_jax.eval import retrieval
+  ck, c = _tiny_run(tmp_path)
+  c.batch = 2
+  calls, kill_after = [], [None]
+  answer_logits = retrieval.InferenceModel.answer_logits
+
+  def counted(self, tokens, mask, starts):
+    if kill_after[0] is not None and len(calls) >= kill_after[0]:
+      raise KeyboardInterrupt("killed")
+    calls.append(len(tokens))
+    return answer_logits(self, tokens, mask, starts)
+
+  monkeypatch.setattr(retrieval.InferenceModel, "answer_logits", counted)
+  reference = suite.run(ck, ["passkey"], str(tmp_path / "ref"), c, name="tiny")["passkey"]
+  assert calls == [2, 2] and len(reference["prompts"]) == 4
+  assert {"expected", "answer", "correct", "length", "depth", "trial"} <= set(reference["prompts"][0])
+  calls.clear()
+  kill_after[0] = 1
+  with pytest.raises(KeyboardInterrupt):
+    suite.run(ck, ["passkey"], str(tmp_path / "w"), c, name="tiny")
+  calls.clear()
+  kill_after[0] = None
+  capsys.readouterr()
+  out = suite.run(ck, ["passkey"], str(tmp_path / "w"), c, name="tiny")["passkey"]
+  assert calls == [2] and "2 of 2 prompts from" in capsys.readouterr().out
+  assert {k: v for k, v in out.items() if k != "seconds"} == {k: v for k, v in reference.items() if k != "seconds"}
+  saved = json.load(open(tmp_path / "w" / "eval" / "passkey.json"))
+  assert saved["prompts"] == reference["prompts"]
+  # other parameters, same everything else: a new model key, every prompt scored again
+  cfg = get_size("tiny", vocab_size=260)
+  checkpoint.save(str(tmp_path / "ckpt2"), init_params(cfg, 1), cfg, 16)
+  calls.clear()
+  suite.run(str(tmp_path / "ckpt2"), ["passkey"], str(tmp_path / "w"), c, name="tiny")
+  assert calls == [2, 2]

@@ -24,19 +24,24 @@ longest length whose score, and every shorter length's, meets `threshold` (0.856
 Llama-2-7B score at 4K).
 
 `generate` is any callable (prompts: list of str, max_new_tokens) -> continuations (list of
-str): `Generator` runs a model through `MemoryInference.generate` (KV cache + memory); tests
-pass stubs.
+str), called with `batch` prompts at most: `Generator` runs a model through
+`MemoryInference.generate` (KV cache + memory); tests pass stubs.
+
+Each batch's prompts are recorded as soon as they are scored (retrieval.PromptRecords: expected
+values, the continuation, its score), and a run started again after a kill generates only the
+prompts not recorded.
 """
 from __future__ import annotations
 
 import re
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from data_pipelines.passkey import FILLER
 from fot_jax.eval.effective_length import effective_length
+from fot_jax.eval.retrieval import PromptRecords, ids_hash
 
 TASKS = ("niah_noise", "niah_essay", "multikey", "multivalue", "multiquery", "vt", "fwe")
 THRESHOLD = 0.856
@@ -346,38 +351,63 @@ class Generator:
 
 def evaluate(generate, vocab, tasks: Sequence[str] = TASKS, lengths: Sequence[int] = (1024, 4096, 16384),
              trials: int = 4, seed: int = 0, threshold: float = THRESHOLD, batch: int = 8, name: str = "",
-             tail_chars: int = 300) -> Dict:
+             tail_chars: int = 300, records: Optional[PromptRecords] = None) -> Dict:
   """Accuracy per task and length over `trials` seeded prompts each.
 
-  generate: a callable (prompts, max_new_tokens) -> continuations, or a MemoryInference (run
-  through `Generator`). Returns {'tasks': {task: {'lengths', 'accuracy', 'tokens' (mean prompt
-  tokens), 'effective_length'}}, 'lengths', 'average' (per length, mean over tasks),
-  'effective_length' (of the average), 'threshold', 'trials', 'seed', 'samples' ({task: the
-  first trial at each length: prompt tail, expected, output})}.
+  generate: a callable (prompts, max_new_tokens) -> continuations, called with `batch` prompts
+  at most, or a MemoryInference (run through `Generator`). Returns {'tasks': {task: {'lengths',
+  'accuracy', 'tokens' (mean prompt tokens), 'effective_length'}}, 'lengths', 'average' (per
+  length, mean over tasks), 'effective_length' (of the average), 'threshold', 'trials', 'seed',
+  'samples' ({task: the first trial at each length: prompt tail, expected, output}), 'prompts'
+  ({task: every prompt: length, trial, tokens, expected, output, score})}.
+  records: prompts already recorded there are not generated again (a resumed evaluation); each
+  batch is recorded as soon as it is scored.
   """
+  batch = max(1, int(batch))
   if not callable(generate):
     generate = Generator(generate, vocab, batch)
+  records = records if records is not None else PromptRecords()
   lengths = sorted(int(x) for x in lengths)
   makers = {t: make_task(t, vocab) for t in tasks}
-  out: Dict = {"tasks": {}, "samples": {}}
+  out: Dict = {"tasks": {}, "samples": {}, "prompts": {}}
   t0, n_cells = time.time(), len(tasks) * len(lengths)
   for ti, task in enumerate(tasks):
-    acc, tokens, samples = [], [], []
+    acc, tokens, samples, listed = [], [], [], []
     for li, length in enumerate(lengths):
       rng = np.random.default_rng([seed, TASKS.index(task), length])  # same prompts whatever else runs
       prompts, expected = zip(*[makers[task](length, rng) for _ in range(trials)])
+      ids = [[int(vocab.bos_id)] + list(vocab.encode(p)) for p in prompts]
+      keys = [records.key(suite="ruler", task=task, length=length, trial=t, seed=int(seed), ids=ids_hash(i))
+              for t, i in enumerate(ids)]
+      done = {t: records.get(k) for t, k in enumerate(keys) if records.get(k) is not None}
+      reused = len(done)
       new = max(len(vocab.encode(" " + ", ".join(e))) for e in expected) + 8  # the answer and some slack
-      outputs = generate(list(prompts), new)
-      scores = [score_output(o, e) for o, e in zip(outputs, expected)]
+      for s in range(0, trials, batch):
+        group = [t for t in range(s, min(s + batch, trials)) if t not in done]
+        if not group:
+          continue
+        if len(group) < min(batch, trials - s):  # a batch cut by a kill: run whole, as first formed
+          group = list(range(s, min(s + batch, trials)))
+        outputs = generate([prompts[t] for t in group], new)
+        scored = [{"key": keys[t], "suite": "ruler", "task": task, "length": length, "trial": t, "seed": int(seed),
+                   "tokens": len(ids[t]), "expected": list(expected[t]), "output": o,
+                   "score": score_output(o, expected[t])} for t, o in zip(group, outputs)]
+        records.add(scored)
+        done.update(zip(group, scored))
+      scores = [done[t]["score"] for t in range(trials)]
       acc.append(float(np.mean(scores)))
-      tokens.append(float(np.mean([len(vocab.encode(p)) + 1 for p in prompts])))
+      tokens.append(float(np.mean([len(i) for i in ids])))
       samples.append({"length": length, "prompt_tail": prompts[0][-tail_chars:], "expected": list(expected[0]),
-                      "output": outputs[0], "score": scores[0]})
+                      "output": done[0]["output"], "score": scores[0]})
+      listed += [{k: done[t][k] for k in ("length", "trial", "tokens", "expected", "output", "score")}
+                 for t in range(trials)]
+      again = f", {reused} of {trials} prompts from {records.path}" if reused else ""
       print(f"[{name}] ruler {task}: length {length:>7,} ({tokens[-1]:,.0f} tokens): score {acc[-1]:.2f} "
-            f"({ti * len(lengths) + li + 1}/{n_cells}, {time.time() - t0:.0f}s)", flush=True)
+            f"({ti * len(lengths) + li + 1}/{n_cells}, {time.time() - t0:.0f}s{again})", flush=True)
     out["tasks"][task] = {"lengths": lengths, "accuracy": acc, "tokens": tokens,
                           "effective_length": effective_length(lengths, acc, threshold)}
     out["samples"][task] = samples
+    out["prompts"][task] = listed
   average = np.mean([r["accuracy"] for r in out["tasks"].values()], axis=0).tolist() if tasks else []
   out.update(lengths=lengths, average=average, threshold=float(threshold), trials=int(trials), seed=int(seed),
              effective_length=effective_length(lengths, average, threshold) if tasks else None)

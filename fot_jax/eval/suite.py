@@ -7,13 +7,23 @@ mass against documents in memory), passkey, niah (single and multi-needle), dict
 device limit), ruler (RULER-style synthetic tasks scored on greedy generation). Every suite
 is seeded by `seed` and prints its progress. heads (retrieval-head probe: per-head copy scores,
 the layers picked for memory) needs no memory.
+
+passkey, niah and ruler resume prompt by prompt: each scored batch goes to
+W/eval/<grid>.prompts.jsonl (passkey, niah, niah_multi, ruler) at once, and the same command
+after a kill scores only the prompts not recorded there for the same model and settings
+(retrieval.PromptRecords, Context.model_key); their JSON lists every prompt's expected and
+generated answer.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from typing import Dict, List
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -45,6 +55,32 @@ class Context:
                   else vocab_lib.get_vocabulary(spec))
     self.vocab_spec = spec
     vocab_lib.check_fits(self.vocab.vocab_size, self.cfg.vocab_size, f"vocabulary {spec}", checkpoint)
+
+  def model_key(self) -> str:
+    """What a scored prompt depends on besides its tokens: the model config, the parameters (a
+    checksum: each array's sum and sum of squares in float32, reduced on the device, so a 3B
+    model costs no host copy), the window, vocabulary and inference settings. Prompt records of
+    another checkpoint step or setting are never reused."""
+    if getattr(self, "_model_key", None) is None:
+      def sums(x):
+        x = x.astype(jnp.float32)
+        return jnp.stack([jnp.sum(x), jnp.sum(x * x)])
+      checksum = jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), jax.jit(
+          lambda p: jax.tree_util.tree_map(sums, p))(self.params))
+      c = self.config
+      text = json.dumps({"model": self.cfg.to_dict(), "params": checksum, "window": self.window,
+                         "vocab": str(self.vocab_spec), "mode": c.mode, "topk": c.topk, "chunk": c.chunk},
+                        sort_keys=True, default=str)
+      self._model_key = hashlib.sha1(text.encode()).hexdigest()
+    return self._model_key
+
+  def records(self, grid: str) -> "retrieval.PromptRecords":
+    """The prompt records of one grid of prompts (W/eval/<grid>.prompts.jsonl); in memory only for
+    a context that `run` did not make (the study's and the baselines' own inference objects are
+    more than model_key describes)."""
+    if not getattr(self, "out_dir", None):
+      return retrieval.PromptRecords()
+    return retrieval.PromptRecords(os.path.join(self.out_dir, f"{grid}.prompts.jsonl"), self.model_key())
 
   def inference(self, mode=None):
     c = self.config
@@ -109,7 +145,7 @@ def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
   g = ctx.config[suite] if suite in ctx.config else ctx.config.niah
   return retrieval.grid(retrieval.InferenceModel(ctx.inference()), ctx.vocab, make_prompt, list(g.lengths),
                         retrieval.depth_list(g.depths), int(g.trials), int(ctx.config.seed), ctx.config.batch,
-                        float(g.threshold), ctx.name, suite)
+                        float(g.threshold), ctx.name, suite, ctx.records(suite))
 
 
 def run_passkey(ctx: Context) -> Dict:
@@ -149,7 +185,8 @@ def run_dict(ctx: Context) -> Dict:
 def run_ruler(ctx: Context) -> Dict:
   r = ctx.config.ruler
   return ruler.evaluate(ctx.inference(), ctx.vocab, list(r.tasks), [int(x) for x in r.lengths], int(r.trials),
-                        int(ctx.config.seed), float(r.threshold), ctx.config.batch, ctx.name)
+                        int(ctx.config.seed), float(r.threshold), ctx.config.batch, ctx.name,
+                        records=ctx.records("ruler"))
 
 
 def run_heads(ctx: Context) -> Dict:

@@ -1,6 +1,13 @@
-"""A training workdir's orbax checkpoints: the manager, restoring a step (a damaged one is one
-error naming its folder, without orbax's log lines or tracebacks), the recurrent carry's restore
-target, NoCheckpoint, and `train.init_from` (params_from_checkpoint: another run's parameters).
+"""A training workdir's orbax checkpoints: the manager (which clears writes cut by a crash),
+restoring a step (a damaged one is one error naming its folder, without orbax's log lines or
+tracebacks), the recurrent carry's restore target, NoCheckpoint, and `train.init_from`
+(params_from_checkpoint: another run's parameters).
+
+A process killed mid-save (kill -9, OOM, a lost host) leaves orbax's temporary step folder
+(`<step>.orbax-checkpoint-tmp...`, renamed to `<step>` only as the write's last act; on storage
+without atomic renames, a step folder without orbax's commit_success.txt). orbax never lists
+such a folder as a step, so a resume falls back to the last finished step by itself; the
+trainer's manager also deletes the leftovers (`unfinished_writes`).
 """
 from __future__ import annotations
 
@@ -20,9 +27,23 @@ class NoCheckpoint(FileNotFoundError):
   """A workdir to restore (evaluation) that holds no restorable checkpoint step."""
 
 
-def checkpoint_manager(workdir: str, keep: int = 2):
+TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's name for a step folder being written
+
+
+def checkpoint_manager(workdir: str, keep: int = 2, clear_unfinished: bool = False):
+  """The workdir's CheckpointManager. clear_unfinished: delete the folders of writes that never
+  finished (a crash mid-save); the trainer sets it, evaluation does not: it may read a workdir
+  whose run is training, and that run's write in progress looks the same."""
   return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+                               options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                                    cleanup_tmp_directories=clear_unfinished))
+
+
+def unfinished_writes(ckpt_dir: str) -> list:
+  """Names of the step folders in ckpt_dir whose write never finished (orbax's temporary folders)."""
+  if not os.path.isdir(ckpt_dir):
+    return []
+  return sorted(n for n in os.listdir(ckpt_dir) if TMP_MARK in n)
 
 
 def describe_folder(path: str) -> str:

@@ -1,5 +1,11 @@
 """The training loop: train() (run or resume a curriculum, checkpoint, answer SIGTERM), the metrics
 log (metrics.jsonl + TensorBoard) and the batch sources' checkpointed positions.
+
+Crash anywhere, lose nothing: a process killed at any moment (kill -9 included, mid-checkpoint
+too) resumes with the same command from its last finished checkpoint (an unfinished write is
+never a step: fot_jax/train/checkpoints.py), and the logs are cut back to that step first, so
+metrics.jsonl and TensorBoard hold every step once with the values of an uninterrupted run
+(tests/kill_resume.py measures it).
 """
 from __future__ import annotations
 
@@ -21,21 +27,33 @@ from fot_jax.model.config import ModelConfig
 from fot_jax.recurrent import RecurrentSpec
 from fot_jax.settings import TrainSettings
 from fot_jax.train.checkpoints import (NoCheckpoint, checkpoint_manager, describe_folder, orbax_logs_off,
-                                       params_from_checkpoint, restore_step, saved_carry_target)
+                                       params_from_checkpoint, restore_step, saved_carry_target,
+                                       unfinished_writes)
 from fot_jax.train.fingerprint import check_run_fingerprint, run_fingerprint
 from fot_jax.train.optimizer import count_trainable, make_optimizer, resolve_trainable
 from fot_jax.train.step import init_state, make_train_step, stacked_plan, state_shardings
 
 
 class MetricsLog:
-  """metrics.jsonl + TensorBoard scalars in the workdir (process 0 only)."""
+  """metrics.jsonl + TensorBoard scalars in the workdir (process 0 only).
 
-  def __init__(self, workdir: str, name: str = "", tensorboard: bool = True):
+  resume_step: the step training restarts from (0 for a fresh start); records of later steps,
+  written after that step's checkpoint by a process that then died, and a line or TensorBoard
+  record cut by the kill, are dropped first, so every step is logged once. None (evaluation,
+  which may read a workdir whose run is training) leaves the files alone."""
+
+  def __init__(self, workdir: str, name: str = "", tensorboard: bool = True, resume_step: Optional[int] = None):
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.writer = None
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
+    if self.enabled and resume_step is not None:
+      dropped = trim_metrics(self.path, resume_step)
+      dropped_tb = trim_event_files(os.path.join(workdir, "tb"), resume_step)
+      if dropped or dropped_tb:
+        _print(f"[{name}] resuming at step {resume_step}: dropped {dropped} metrics.jsonl line(s) and "
+               f"{dropped_tb} TensorBoard record(s) written after it (or cut by a crash)")
     if self.enabled and tensorboard:  # TensorFlow's import costs seconds; tests skip it
       try:
         from clu import metric_writers
@@ -51,6 +69,85 @@ class MetricsLog:
     if self.writer is not None:
       self.writer.write_scalars(step, {k: v for k, v in scalars.items() if np.isfinite(v)})
       self.writer.flush()
+
+
+TRIM_TMP = ".trim.tmp"  # a trimmed file on its way; its name holds no "tfevents", which TensorBoard would read
+
+
+def _replace_file(path: str, data: bytes) -> None:
+  """Writes `data` to a temporary file next to `path` and renames it over `path`: a crash
+  while trimming leaves the old file or the new one (and maybe a stray TRIM_TMP file), never a part."""
+  tmp = os.path.join(os.path.dirname(path), TRIM_TMP)
+  with open(tmp, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def trim_metrics(path: str, step: int) -> int:
+  """Keeps the metrics.jsonl records of steps <= `step`; a line that does not parse (cut by a
+  kill mid-write) goes too. Returns how many lines were dropped."""
+  if not os.path.exists(path):
+    return 0
+  with open(path, "rb") as f:
+    data = f.read()
+  kept, dropped = [], 0
+  for line in data.splitlines():
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      keep = int(record["step"]) <= step
+    except (ValueError, KeyError, TypeError):
+      keep = False
+    if keep:
+      kept.append(line)
+    else:
+      dropped += 1
+  out = b"".join(line + b"\n" for line in kept)
+  if out != data:  # also a whole last line that lost only its newline
+    _replace_file(path, out)
+  return dropped
+
+
+def trim_event_files(folder: str, step: int) -> int:
+  """TensorBoard's event files in `folder` without the summaries of steps > `step` and without
+  a record cut by a kill (TFRecord framing: length u64, its crc u32, data, data crc u32); kept
+  records are copied byte for byte. Returns how many records were dropped."""
+  if not os.path.isdir(folder):
+    return 0
+  names = [n for n in os.listdir(folder) if "tfevents" in n]
+  if not names:
+    return 0
+  from google.protobuf.message import DecodeError
+  from tensorboard.compat.proto import event_pb2  # only a run with TensorBoard files gets here
+  dropped = 0
+  for name in names:
+    path = os.path.join(folder, name)
+    with open(path, "rb") as f:
+      data = f.read()
+    kept, at = [], 0
+    while at < len(data):
+      size = int.from_bytes(data[at:at + 8], "little") if at + 12 <= len(data) else -1
+      end = at + 12 + size + 4
+      if size < 0 or end > len(data):
+        dropped += 1  # a record cut short: the end of the file
+        break
+      try:
+        event = event_pb2.Event.FromString(data[at + 12:at + 12 + size])
+      except DecodeError:  # garbage where a record should be: nothing after it is trusted
+        dropped += 1
+        break
+      if event.step <= step or not event.HasField("summary"):  # the file-version header stays
+        kept.append(data[at:end])
+      else:
+        dropped += 1
+      at = end
+    out = b"".join(kept)
+    if out != data:
+      _replace_file(path, out)
+  return dropped
 
 
 def _new_carry(cfg: ModelConfig, rspec: RecurrentSpec, slots: int, window: int, mesh, rules):
@@ -140,7 +237,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   step draws from its phase's task; a schedule with `stop_after_last` ends the run (with a
   checkpoint) when its last phase ends, before `steps`.
   A SIGTERM saves a checkpoint at the next step boundary and raises Preempted (exit 0);
-  the same call resumes from it. model_meta: more fields for the workdir's fot_jax_model.json
+  the same call resumes from it. After a kill -9 the same call resumes from the last finished
+  checkpoint: unfinished writes are deleted, metrics.jsonl and TensorBoard cut back to it
+  (MetricsLog). model_meta: more fields for the workdir's fot_jax_model.json
   (e.g. the vocabulary trained with, which evaluation then uses; `window`, the local window
   evaluation uses, defaults to the first step's row length, which a warm-up phase with its own
   window does not share with the run).
@@ -164,8 +263,12 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   ckpt_dir = os.path.abspath(os.path.join(workdir, "checkpoints"))
   if restore_only and not os.path.isdir(ckpt_dir):  # the manager would create it
     raise NoCheckpoint(f"{ckpt_dir}: no checkpoint to restore ({describe_folder(ckpt_dir)})")
+  unfinished = [] if restore_only else unfinished_writes(ckpt_dir)
+  if unfinished:
+    _print(f"[{name}] deleting {len(unfinished)} unfinished checkpoint write(s), cut by a crash: "
+           f"{', '.join(unfinished)}")
   with orbax_logs_off():
-    manager = checkpoint_manager(workdir)
+    manager = checkpoint_manager(workdir, clear_unfinished=not restore_only)
   try:
     latest = manager.latest_step()
     if restore_only and latest is None:
@@ -201,7 +304,7 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
   step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable)
   recurrent_steps = {}  # RecurrentSpec -> its step function
   batch_sharding = parallel.batch_sharding(mesh, rules)
-  log = MetricsLog(workdir, name, ts.tensorboard and not restore_only)
+  log = MetricsLog(workdir, name, ts.tensorboard and not restore_only, None if restore_only else start)
   log_every, ckpt_every = ts.log_every, ts.checkpoint_every
   history = []
   watch = _PreemptionWatch()
