@@ -196,4 +196,5 @@ def test_imports_inside_functions_are_the_listed_ones():
   assert not unlisted, (f"project imports inside functions that LAZY_IMPORTS does not list: {unlisted}; import "
                         "them at module level, or list one with the reason it must wait (a heavy library)")
   assert not gone, f"LAZY_IMPORTS lists imports the code no longer makes: {gone}; remove them"
-  assert len(LAZY_IMPORTS) <= 10 and all(reason for reason in LAZY_IMPORTS.values())
+  # few functions wait for a heavy library (one may import several modules of it)
+  assert len({(m, f) for m, f, _ in LAZY_IMPORTS}) <= 10 and all(reason for reason in LAZY_IMPORTS.values())

@@ -16,7 +16,7 @@ from fot_jax.checkpoint import Checkpoint, ConvertError, ensure_empty_dir, read_
 from fot_jax.convert import mapping
 from fot_jax.convert.gguf_files import TensorReader, check_gguf, read_gguf
 from fot_jax.convert.hf_files import WeightReader, keep_chat_template, parse_size, write_safetensors
-from fot_jax.inference import MemoryInference
+from fot_jax.inference import MemoryInference, _prompt_rows
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
@@ -196,6 +196,8 @@ class Pretrained:
   """A loaded model: `.logits`, `.logits_with_memory`, `.generate`, `.save_hf`, `.save`, `.vocab`.
 
   cfg (ModelConfig), params (float32 tree), window (local window for memory inference).
+  Prompts are token ids or text (a string, or a list of strings as a batch): text is encoded
+  with the model's vocabulary (`encode`) and `generate` answers text with text (`decode`).
   """
 
   def __init__(self, ck: Checkpoint):
@@ -204,6 +206,7 @@ class Pretrained:
     self.params = jax.tree_util.tree_map(jnp.asarray, ck.params)
     self._forward = None
     self._vocab = None
+    self._warned_no_memory = False
 
   def vocabulary(self, spec: str = ""):
     """The seqio vocabulary of this model (data_pipelines.vocab): `spec` when given, else the one
@@ -222,12 +225,92 @@ class Pretrained:
       self._vocab = self.vocabulary()
     return self._vocab
 
+  def _text_vocab(self):
+    """-> (the vocabulary text goes through, whether it is a Hugging Face tokenizer.json: an HFVocab,
+    whose `.tokenizer` is the `tokenizers` object). The spec is the one `vocabulary` picks (the
+    vocabulary trained with, else the tokenizer shipped); a checkpoint without one, or with an
+    ids-only one, fails naming what to pass instead."""
+    ck = self.checkpoint
+    spec = str(ck.meta.get("vocab") or ck.tokenizer_path or "")
+    if not spec:
+      raise ValueError(f"{ck.path}: text needs a tokenizer and this checkpoint has none (no tokenizer.json or "
+                       f"tokenizer.model, no 'vocab' in its {checkpoint.MODEL_JSON}); pass token ids, or load it "
+                       f"with fot_jax.from_pretrained({ck.path!r}, vocab='byte' or a tokenizer.json / "
+                       f"tokenizer.model path)")
+    if spec == "dictionary_lookup":
+      raise ValueError(f"{ck.path}: its vocabulary ({spec}) is token ids, not text; pass token ids")
+    return self.vocab, spec.endswith(".json")
+
+  def encode(self, text: str, bos: Optional[bool] = None) -> np.ndarray:
+    """text -> int32 ids as the model reads a text prompt. bos=None: as Hugging Face's tokenizer
+    encodes the text (a tokenizer.json: its own post-processor decides, so SmolLM2's adds no bos
+    and a LLaMA tokenizer.json's adds <s>); a SentencePiece or byte vocabulary (LLaMA's tokenizer,
+    fot_jax's training streams) gets bos first. bos=True / False: bos first or not, whatever the
+    tokenizer does."""
+    if not isinstance(text, str):
+      raise ValueError(f"encode: expected a string, got {type(text).__name__}")
+    vocab, hf = self._text_vocab()
+    if bos is None and hf:  # add_special_tokens=True: the tokenizer's post-processor, as transformers
+      return np.asarray(vocab.tokenizer.encode(text).ids, np.int32)
+    ids = [int(i) for i in vocab.encode(text)]
+    return np.asarray(([int(vocab.bos_id)] if bos is not False else []) + ids, np.int32)
+
+  def decode(self, ids) -> str:
+    """ids -> text with the special tokens (bos, eos, pad, a tokenizer.json's special tokens) left
+    out, as transformers' decode(ids, skip_special_tokens=True)."""
+    vocab, hf = self._text_vocab()
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if hf:
+      return vocab.tokenizer.decode(ids, skip_special_tokens=True)
+    special = {int(i) for i in (vocab.bos_id, vocab.eos_id, vocab.pad_id) if i is not None and i >= 0}
+    return vocab.decode([i for i in ids if i not in special])
+
+  def _texts(self, prompt, what: str) -> Optional[list]:
+    """A string or a list of strings -> that list; token ids -> None."""
+    if isinstance(prompt, str):
+      return [prompt]
+    if isinstance(prompt, (list, tuple)) and prompt and any(isinstance(p, str) for p in prompt):
+      if not all(isinstance(p, str) for p in prompt):
+        raise ValueError(f"{what}: a list of prompts must be all strings or all token ids")
+      return list(prompt)
+    return None
+
+  def _ids(self, tokens, what: str) -> np.ndarray:
+    """Token ids [B, T], or text (a string: one row; a list of strings that encode to one length)."""
+    texts = self._texts(tokens, what)
+    if texts is None:
+      return np.asarray(tokens, np.int32)
+    rows = [self.encode(t) for t in texts]
+    lens = sorted({len(r) for r in rows})
+    if len(lens) > 1:
+      raise ValueError(f"{what}: the texts encode to different lengths ({', '.join(map(str, lens))} tokens); "
+                       f"pass them one at a time, or ids with a token_mask")
+    if not lens[0]:
+      raise ValueError(f"{what}: the text encodes to no tokens")
+    return np.stack(rows)
+
+  def _no_memory_notice(self, reads_memory: bool, window: int) -> None:
+    """One warning per object when a call that would read memory (input past one window) runs on a
+    model without memory layers: the earlier windows are dropped, not read (Python's warnings:
+    stacklevel 3 names the line that called logits_with_memory / generate)."""
+    if self.cfg.mem_layers or self._warned_no_memory or not reads_memory:
+      return
+    self._warned_no_memory = True
+    n = self.cfg.num_layers
+    example = tuple(sorted({min(n - 1, n * k // 4) for k in (1, 2, 3)}))
+    path = self.checkpoint.path
+    warnings.warn(f"{path}: this model has no memory layers (mem_layers=()): memory is not read, attention "
+                  f"sees only the local window of {window} tokens; load with fot_jax.from_pretrained({path!r}, "
+                  f"mem_layers={example}) (or mem_layers='all') to add them", stacklevel=3)
+
   def logits(self, tokens) -> np.ndarray:
-    """tokens int [B, T] -> float32 [B, T, V]: one plain causal pass, positions 0..T-1."""
+    """tokens int [B, T] (or text: see `_ids`) -> float32 [B, T, V]: one plain causal pass,
+    positions 0..T-1."""
+    tokens = self._ids(tokens, "logits")
     if self._forward is None:
       model = LlamaModel(self.cfg)
       self._forward = jax.jit(lambda p, t: model.apply({"params": p}, t)[0])
-    return np.asarray(self._forward(self.params, jnp.asarray(np.asarray(tokens, np.int32))))
+    return np.asarray(self._forward(self.params, jnp.asarray(tokens)))
 
   def _inference(self, window, mode, topk, chunk, mem_dtype):
     window = window or self.window
@@ -238,9 +321,10 @@ class Pretrained:
   def logits_with_memory(self, tokens, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
                          token_mask=None, chunk: int = 65536, mem_dtype=None) -> np.ndarray:
     """FoT memory inference (fot_jax.inference): windows of `window` tokens, earlier windows'
-    memory-layer keys/values in memory. tokens [B, L] -> [B, L, V]."""
+    memory-layer keys/values in memory. tokens [B, L] (or text: see `_ids`) -> [B, L, V]."""
     infer = self._inference(window, mode, topk, chunk, mem_dtype)
-    tokens = np.asarray(tokens, np.int32)
+    tokens = self._ids(tokens, "logits_with_memory")
+    self._no_memory_notice(tokens.shape[-1] > infer.window, infer.window)
     return infer.process(tokens, infer.new_memory(tokens.shape[0]), token_mask)
 
   def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
@@ -252,12 +336,39 @@ class Pretrained:
     key/value cache of the current window and memory of the earlier ones; the prompt's last
     `last_context_length` tokens in the current window (MemoryInference.generate; 0: windows
     from token 0, as logits_with_memory); a row stops at `eos_token_id` (one id or several;
-    the rest of its tokens are that id). Timings and tokens/s: `self.generation_stats`."""
+    the rest of its tokens are that id). Timings and tokens/s: `self.generation_stats`.
+
+    Text: a string (or a list of strings, a batch) is encoded (`encode`) and answered with the
+    continuation only, up to its first stop token, decoded without special tokens (`decode`);
+    for text eos_token_id defaults to the vocabulary's eos (() generates all max_new_tokens)."""
+    texts, single = self._texts(prompt, "generate"), isinstance(prompt, str)
+    if texts is not None:
+      rows = [self.encode(t) for t in texts]
+      empty = [t for t, r in zip(texts, rows) if not len(r)]
+      if empty:
+        raise ValueError(f"generate: the prompt {empty[0]!r} encodes to no tokens")
+      prompt = rows
+      if eos_token_id is None:
+        eos_token_id = int(self.vocab.eos_id)
     infer = self._inference(window, mode, topk, chunk, mem_dtype)
+    # Memory is read when a row's first tokens fall before its last window (end-aligned: more than
+    # last_context_length tokens; as MemoryInference.generate places them) or decoding (the prompt
+    # and max_new_tokens - 1 fed tokens) runs past the window.
+    w = infer.window
+    lcl = w - min(max_new_tokens, w // 2) if last_context_length is None else last_context_length
+    lens = [len(r) for r in _prompt_rows(prompt)[0]]
+    self._no_memory_notice(bool(lcl) and max(lens) > lcl or max(lens) + max_new_tokens - 1 > w, w)
     out = infer.generate(prompt, max_new_tokens, temperature, top_p, seed,
                          last_context_length=last_context_length, eos_token_id=eos_token_id)
     self.generation_stats = infer.stats
-    return out
+    if texts is None:
+      return out
+    stops = {int(e) for e in np.atleast_1d(eos_token_id)}
+    answers = []
+    for row, full in zip(rows, out):
+      new = [int(t) for t in full[len(row):]]
+      answers.append(self.decode(new[:next((i for i, t in enumerate(new) if t in stops), len(new))]))
+    return answers[0] if single else answers
 
   def save_hf(self, out: str, **kwargs) -> str:
     """See export_hf (dtype, max_shard_size, fot_jax_only, window, tokenizer, mem_dtype)."""
@@ -270,7 +381,13 @@ class Pretrained:
                     **{k: v for k, v in ck.meta.items() if k != "tokenizer"})
 
 
-def from_pretrained(path: str, **overrides) -> Pretrained:
+def from_pretrained(path: str, vocab: Optional[str] = None, **overrides) -> Pretrained:
   """An HF LLaMA directory, a LLaMA GGUF file or an fot_jax checkpoint -> Pretrained.
-  overrides: ModelConfig fields such as mem_layers, mem_positions, dtype."""
-  return Pretrained(load_any(path, **overrides))
+  overrides: ModelConfig fields such as mem_layers, mem_positions, dtype. vocab: the vocabulary
+  ('byte', a tokenizer.json or SentencePiece model path) for a checkpoint that records none or
+  another one; `save` and `save_hf` then record and ship it."""
+  ck = load_any(path, **overrides)
+  if vocab:  # a file as an absolute path: the spec outlives the working directory (save records it)
+    path_like = os.path.expanduser(str(vocab))
+    ck.meta["vocab"] = os.path.abspath(path_like) if os.path.isfile(path_like) else str(vocab)
+  return Pretrained(ck)
