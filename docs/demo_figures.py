@@ -151,15 +151,21 @@ def summary(res: dict) -> str:
   return "\n".join(lines)
 
 
+def replace_in(doc: str, begin: str, end: str, text: str, where: str, prog: str = "demo_figures") -> str:
+  """`doc` with the block from `begin` to `end` replaced by `text`; exits naming `where` (the
+  file) when the markers are missing. docs/plan_figures.py uses it too."""
+  if begin not in doc or end not in doc:
+    sys.exit(f"{prog}: {where} has no {begin} ... {end} block")
+  start, stop = doc.index(begin), doc.index(end) + len(end)
+  return doc[:start] + text + doc[stop:]
+
+
 def replace_block(path: str, begin: str, end: str, text: str) -> str:
   """`path`'s text with the block from `begin` to `end` replaced by `text`; exits naming the file
   when the markers are missing."""
   with open(path) as f:
     doc = f.read()
-  if begin not in doc or end not in doc:
-    sys.exit(f"demo_figures: {path} has no {begin} ... {end} block")
-  start, stop = doc.index(begin), doc.index(end) + len(end)
-  return doc[:start] + text + doc[stop:]
+  return replace_in(doc, begin, end, text, path)
 
 
 def main(argv=None):

@@ -1,7 +1,8 @@
 """One line for an expected failure at the command line, a traceback for a bug.
 
 Every entry point (fot_jax.main, fot_jax.evaluate, fot_jax.convert, fot_jax.study, fot_jax.ask,
-fot_jax.eval.lm_harness, data_pipelines.preview, data_pipelines.train_tokenizer) runs its body
+fot_jax.eval.lm_harness, data_pipelines.preview, data_pipelines.train_tokenizer, launch.tpu,
+launch.sweep) runs its body
 through `expected_errors`: a bad input (a missing file, a config value out of range, a checkpoint
 that does not restore) raises one of EXPECTED with a message that names the input and what is
 wrong, and the user sees `PROG: message` and exit status 2. Anything else is a bug and keeps its

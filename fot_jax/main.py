@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -31,6 +32,9 @@ _PLAN_DEVICES = flags.DEFINE_integer("plan_devices", 0, "--mode=plan: devices to
                                      "product of the mesh sizes; needed when one size is -1).")
 _PLAN_TOP = flags.DEFINE_integer("plan_top", 10, "--mode=plan: how many of the largest buffers live at the "
                                  "step's peak to list (0: none, and no XLA dump).")
+_PLAN_JSON = flags.DEFINE_string("plan_json", None, "--mode=plan: also write the plan to this JSON file (every "
+                                 "printed figure, the printed text, the command and its provenance; "
+                                 "docs/plan_figures.py fills docs/scale_out.md from such files).")
 _SWEEP_RUN = flags.DEFINE_string("sweep_run", None, "A run name from the experiment file's get_sweep(): "
                                   "applies its overrides (launch/sweep.py passes it).")
 _DISTRIBUTED = flags.DEFINE_bool("jax_distributed", False, "Start jax.distributed with cluster "
@@ -112,9 +116,12 @@ def _main():
     raise ValueError(f"config error: {e}") from e
   if _MODE.value == "plan":
     try:
-      print(plan.format_plan(plan.plan(config, plan_dump, _PLAN_TOP.value)), flush=True)
+      p = plan.plan(config, plan_dump, _PLAN_TOP.value)
     except ValueError as e:
       raise ValueError(f"config error: {e}") from e
+    print(plan.format_plan(p), flush=True)
+    if _PLAN_JSON.value:
+      plan.write_plan_json(_PLAN_JSON.value, p, sys.argv)
     return
   parallel.initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   if config.experiment == "dictionary_lookup":

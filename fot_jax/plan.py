@@ -11,16 +11,23 @@ lists the largest buffers live at the step's peak: XLA's buffer assignment (whic
 holds each value: a parameter, a live-out, the one packed block of temporaries), its live
 ranges (which values are live at the peak of the schedule) and the optimized HLO (each
 instruction's op_name and source line), read by `xla_buffers.largest_buffers`.
+
+`write_plan_json` (--plan_json=FILE) keeps the plan as JSON: every figure format_plan prints,
+the printed text, the command and where it ran; docs/plan_figures.py fills docs/scale_out.md's
+plan figures from such files, so the docs quote what the current code compiles.
 """
 from __future__ import annotations
 
 import math
+import resource
+import shlex
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-from fot_jax import configs, crossbatch, parallel
+from fot_jax import configs, crossbatch, jsonio, parallel, provenance
 from fot_jax.model import context_parallel
 from fot_jax.train import make_optimizer, make_train_step, resolve_trainable, stacked_plan, state_shardings
 from fot_jax.xla_buffers import largest_buffers
@@ -110,6 +117,25 @@ def plan(config, dump_dir: str | None = None, top: int = 10) -> dict:
   if dump_dir:
     out["largest_buffers"] = largest_buffers(dump_dir, compiled.runtime_executable().hlo_modules()[0].name, top)
   return out
+
+
+def resources() -> dict:
+  """This process's CPU seconds so far and its peak resident memory (what planning cost here)."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+  return {"cpu_seconds": time.process_time(),
+          "max_rss_bytes": int(peak if sys.platform == "darwin" else peak * 1024)}
+
+
+def write_plan_json(path: str, p: dict, argv=None) -> dict:
+  """Writes `p` (plan()'s dict) to `path` as {"command", "plan", "printed", "resources",
+  "provenance"}: `printed` is format_plan(p), what the command printed, `command` the command
+  line (argv: sys.argv of `python -m fot_jax.main`), `resources` what the planning process used
+  (CPU seconds, peak memory). Returns what it wrote."""
+  command = "python -m fot_jax.main" + ("".join(" " + shlex.quote(a) for a in argv[1:]) if argv else "")
+  record = {"command": command, "plan": p, "printed": format_plan(p), "resources": resources(),
+            "provenance": provenance.provenance()}
+  jsonio.write_json(path, record, indent=1)
+  return record
 
 
 def format_plan(p: dict) -> str:

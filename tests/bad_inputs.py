@@ -107,6 +107,7 @@ PREVIEW, TOKENIZER = "data_pipelines.preview", "data_pipelines.train_tokenizer"
 TINY = "--config={T}/tiny_lm.py"
 PREVIEW_SMALL = ["--slots=1", "--windows=1", "--seq_len=8", "--batches=1"]
 ASK, HARNESS = "fot_jax.ask", "fot_jax.eval.lm_harness"
+SWEEP, TPU = "launch.sweep", "launch.tpu"
 QUESTION = "What does f return?"
 LONG_QUESTION = ("In the code above, what value does the function f return when it is called with the argument 41, "
                  "and why?")  # 105 bytes
@@ -232,6 +233,15 @@ CASES = [
     Case("main_eval_docs_short", "the corpus's held-out documents are shorter than the evaluation needs", MAIN,
          [TINY, "--config.data.corpus=jsonl:{T}/short.jsonl", "--config.eval.memory_tokens=(0,512)",
           "--workdir={T}/w_short"], ("eval.n_docs=1", "jsonl:{T}/short.jsonl", "lower")),
+    # ---- issue 33: launch
+    Case("sweep_tpu_local_workdir", "launch.sweep --tpu with a local --workdir", SWEEP,
+         ["--config=experiments/analysis_184m_c4.py", "--workdir={T}/sweep", "--tpu=fot", "--zone=us-central2-b",
+          "--dry_run"], ("--workdir={T}/sweep", "gs://BUCKET/PATH")),
+    Case("tpu_up_local_workdir", "launch.tpu up with a local --workdir after --", TPU,
+         ["--name=fot", "--zone=us-central2-b", "--dry_run", "up", "--", "--config=experiments/longllama_3b.py",
+          "--workdir=runs/l3b"], ("--workdir=runs/l3b", "gs://BUCKET/PATH")),
+    Case("tpu_bad_install", "launch.tpu --install names no source", TPU,
+         ["--name=fot", "--zone=us-central2-b", "--install=pypi", "--dry_run", "install"], ("--install=pypi",)),
 ]
 
 

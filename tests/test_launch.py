@@ -1,4 +1,5 @@
-"""launch/: TPU pod dry run for a v4-32, sweep expansion; --mode=plan and its errors."""
+"""launch/: TPU pod dry run for a v4-32 and each --install source, the gs:// workdir check, sweep
+expansion (locally and to a pod); --mode=plan, its JSON and its errors."""
 import json
 import math
 import os
@@ -47,10 +48,103 @@ def test_v4_32_dry_run_prints_every_command(capsys):
                                       f"--zone={ZONE}"]]
 
 
-def test_tpu_launcher_rejects_unknown_accelerators():
-  with pytest.raises(SystemExit, match="--accelerator=v9-8"):
-    tpu.main(["--name=x", f"--zone={ZONE}", "--accelerator=v9-8", "--dry_run", "delete"])
+def _refused(capsys, call, *want):
+  """call() exits with status 2 and one stderr line holding every `want`."""
+  with pytest.raises(SystemExit) as e:
+    call()
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and all(w in err[0] for w in want), err
+  return err[0]
+
+
+def test_tpu_launcher_rejects_unknown_accelerators(capsys):
+  line = _refused(capsys, lambda: tpu.main(["--name=x", f"--zone={ZONE}", "--accelerator=v9-8", "--dry_run", "delete"]),
+                  "--accelerator=v9-8")
+  assert line.startswith("launch.tpu: ")
   assert tpu.workers("v4-32") == 4 and tpu.workers("v3-8") == 1 and tpu.workers("v5p-128") == 16
+
+
+def test_tpu_install_sources_dry_run(capsys):
+  """--install: a git URL and ref, a gs:// tarball, or only a check; each an ssh to every worker that
+  ends in the same editable install (check: none), then the run."""
+  base = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "fot", "--worker=all"]
+  main_args = ["--", "--config=experiments/longllama_3b.py", "--workdir=gs://b/l3b"]
+  pip = "cd ~/fot_jax && (test -x .venv/bin/python || python3 -m venv .venv) && .venv/bin/python -m pip install -q -e '.[core,tpu]'"
+  want = {
+      "git+https://github.com/me/fot_jax.git@v1.2": "mkdir -p ~/fot_jax && cd ~/fot_jax && (test -d .git || git init -q) && "
+      "git fetch -q https://github.com/me/fot_jax.git v1.2 && git checkout -q -f FETCH_HEAD && " + pip,
+      "git+git@github.com:me/fot_jax.git": "git fetch -q git@github.com:me/fot_jax.git HEAD && ",  # scp-style: '@' kept
+      "gs://b/src/fot_jax.tar.gz": "gcloud storage cp gs://b/src/fot_jax.tar.gz ~/fot_jax_checkout.tar.gz && "
+      "mkdir -p ~/fot_jax && tar xzf ~/fot_jax_checkout.tar.gz -C ~/fot_jax && " + pip,
+      "check": "cd ~/fot_jax && .venv/bin/python -c 'import fot_jax'"}
+  for source, command in want.items():
+    assert tpu.main(["--name=fot", f"--zone={ZONE}", f"--install={source}", "--dry_run", "install"]) == 0
+    cmds = _printed(capsys)
+    assert len(cmds) == 1 and cmds[0][:7] == base and command in cmds[0][7], (source, cmds)
+  # `run` checks the import on every worker before it starts anything
+  assert tpu.main(["--name=fot", f"--zone={ZONE}", "--dry_run", "run", *main_args]) == 0
+  cmds = _printed(capsys)
+  assert cmds[0] == base + ["--command=cd ~/fot_jax && .venv/bin/python -c 'import fot_jax'", f"--zone={ZONE}"]
+  assert "nohup .venv/bin/python -m fot_jax.main" in cmds[1][7] and len(cmds) == 3
+  _refused(capsys, lambda: tpu.main(["--name=fot", f"--zone={ZONE}", "--install=pypi", "--dry_run", "install"]),
+           "--install=pypi", "git+URL")
+
+
+def test_tpu_and_sweep_refuse_a_workdir_the_workers_cannot_share(capsys):
+  for workdir in ("runs/l3b", "/tmp/l3b", "gs://"):
+    line = _refused(capsys, lambda: tpu.main(["--name=fot", f"--zone={ZONE}", "--dry_run", "up", "--",
+                                               "--config=experiments/longllama_3b.py", f"--workdir={workdir}"]),
+                    f"--workdir={workdir}", "gs://BUCKET/PATH")
+    assert line.startswith("launch.tpu: ")
+  _refused(capsys, lambda: tpu.main(["--name=fot", f"--zone={ZONE}", "--dry_run", "run", "--",
+                                     "--config=experiments/longllama_3b.py", "--workdir", "runs/x"]), "--workdir=runs/x")
+  _refused(capsys, lambda: tpu.main(["--name=fot", f"--zone={ZONE}", "--dry_run", "run", "--",
+                                     "--config=experiments/longllama_3b.py"]), "no --workdir")
+  line = _refused(capsys, lambda: sweep.main(["--config=experiments/analysis_184m_c4.py", "--workdir=runs/an",
+                                               "--tpu=fot", f"--zone={ZONE}", "--dry_run"]), "--workdir=runs/an", "gs://")
+  assert line.startswith("launch.sweep: ")
+  assert sweep.main(["--config=experiments/analysis_184m_c4.py", "--workdir=runs/an", "--dry_run"]) == 0  # locally: fine
+
+
+def test_sweep_to_a_pod_installs_once_then_runs_each(capsys):
+  """sweep --tpu --dry_run: the install (default: this checkout; --install=check: the import check)
+  once, then each named run started on every worker with its own gs:// workdir and its log streamed."""
+  path = "experiments/analysis_184m_c4.py"
+  names = [r["name"] for r in configs.sweep_runs(path)]
+  base = ["gcloud", "compute", "tpus", "tpu-vm"]
+  assert sweep.main([f"--config={path}", "--workdir=gs://b/an/", "--tpu=fot", f"--zone={ZONE}", "--dry_run"]) == 0
+  cmds = _printed(capsys)
+  assert cmds[0][:2] == ["tar", "czf"] and cmds[1][:5] == base + ["scp"] and "pip install" in cmds[2][7]
+  runs = cmds[3:]
+  assert len(runs) == 2 * len(names)
+  for name, start, logs in zip(names, runs[::2], runs[1::2]):
+    assert start[:7] == base + ["ssh", "fot", "--worker=all"]
+    assert start[7] == (f"--command=cd ~/fot_jax && nohup .venv/bin/python -m fot_jax.main --config={path} "
+                        f"--sweep_run={name} --workdir=gs://b/an/{name} --jax_distributed "
+                        "> ~/fot_jax_run.log 2>&1 < /dev/null & echo $! > ~/fot_jax_run.pid")
+    assert logs[:7] == base + ["ssh", "fot", "--worker=0"] and "tail" in logs[7]
+  assert sweep.main([f"--config={path}", "--workdir=gs://b/an", "--tpu=fot", f"--zone={ZONE}", "--install=check",
+                     "--dry_run"]) == 0
+  cmds = _printed(capsys)
+  assert cmds[0][7] == "--command=cd ~/fot_jax && .venv/bin/python -c 'import fot_jax'"
+  assert len(cmds) == 1 + 2 * len(names)
+
+
+def test_a_failed_import_check_is_one_line_saying_how_to_install(capsys, monkeypatch):
+  """What a worker without fot_jax gives: the check's ssh fails (stubbed), the sweep stops before any
+  run with one line naming the VM and the --install choices."""
+  ran = []
+
+  def call(cmd):
+    ran.append(cmd)
+    return 1  # the check fails on some worker
+  monkeypatch.setattr(tpu.subprocess, "call", call)
+  line = _refused(capsys, lambda: sweep.main(["--config=experiments/analysis_184m_c4.py", "--workdir=gs://b/an",
+                                               "--tpu=fot", f"--zone={ZONE}", "--install=check"]),
+                  "launch.sweep: fot_jax does not import on every worker of TPU VM fot", "--install=checkout",
+                  "--install=git+URL@REF", "--install=gs://BUCKET/FILE.tar.gz")
+  assert len(ran) == 1 and "import fot_jax" in ran[0][7], line
 
 
 def test_sweep_expands_into_named_runs_with_their_own_workdirs(capsys):
@@ -134,8 +228,9 @@ def test_plan_mode_lists_the_largest_buffers_live_at_the_peak(tmp_path, monkeypa
   """--plan_top=N: a table of the N largest buffers live at the step's peak, largest first, each
   with its size, kind, shape, live span, HLO instruction and op_name (source); XLA's dump is removed."""
   monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the plan's XLA dump goes
-  proc = _main(*_TINY_PLAN, "--plan_top=5")
+  proc = _main(*_TINY_PLAN, "--plan_top=5", f"--plan_json={tmp_path / 'plan.json'}")
   assert proc.returncode == 0, proc.stdout + proc.stderr
+  _check_plan_json(tmp_path / "plan.json", proc.stdout, _TINY_PLAN + ("--plan_top=5",))
   lines = proc.stdout.splitlines()
   head = next(i for i, line in enumerate(lines) if line.startswith("largest buffers    live at the step's peak"))
   m = re.search(r"the temporaries are one ([\d.]+) (\w+) block", lines[head + 1])
@@ -151,6 +246,27 @@ def test_plan_mode_lists_the_largest_buffers_live_at_the_peak(tmp_path, monkeypa
     assert re.fullmatch(r"\d+-\d+%", r[4]), r
   assert any("jvp(LlamaModel)/" in line and "(fot_jax/model/" in line for line in lines[head + 4:])
   assert not [f for f in os.listdir(tmp_path) if f.startswith("fot_jax_plan_xla_")]
+
+
+def _check_plan_json(path, stdout, args):
+  """--plan_json: the printed plan, word for word, and every figure of it as a number (read back from
+  the printed text here, independently of plan.py), the command, what the planning process used."""
+  from fot_jax import plan
+  with open(path) as f:
+    record = json.load(f)
+  assert record["printed"] + "\n" == stdout
+  assert plan.format_plan(record["plan"]) == record["printed"]  # the figures alone give the same text
+  p, text = record["plan"], record["printed"]
+  params = int(re.search(r"^parameters\s+([\d,]+)", text, re.M).group(1).replace(",", ""))
+  mem = [float(x) for x in re.search(r"^memory per device\s+([\d.]+) GiB = arguments ([\d.]+) \+ outputs ([\d.]+) "
+                                     r"\+ temporaries ([\d.]+)", text, re.M).groups()]
+  assert p["params"] == params
+  m = p["memory_per_device"]
+  assert [round(m[k] / 2 ** 30, 2) for k in ("total", "arguments", "outputs", "temporaries")] == mem
+  assert f"{p['flops_per_step']:.3e}" in text and f"{p['model_flops']:.3e}" in text and p["mesh"] in text
+  assert record["command"] == "python -m fot_jax.main " + " ".join(args) + f" --plan_json={path}"
+  assert record["resources"]["cpu_seconds"] > 0 and record["resources"]["max_rss_bytes"] > 2 ** 20
+  assert record["provenance"]["commit"] and record["provenance"]["date"]
 
 
 def test_plan_buffers_are_live_together_and_fit_the_memory_analysis(tmp_path):

@@ -143,11 +143,13 @@ def write_safetensors(out_dir: str, tensors: Dict[str, np.ndarray], dtype: str, 
   meta = {"format": "pt"}
   if len(shards) == 1:
     save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata=meta)
+    jsonio.honour_umask(os.path.join(out_dir, "model.safetensors"))  # save_file makes it 0600
     return ("model.safetensors",)
   names, weight_map, total = [], {}, 0
   for i, shard in enumerate(shards):
     fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
     save_file(shard, os.path.join(out_dir, fname), metadata=meta)
+    jsonio.honour_umask(os.path.join(out_dir, fname))
     names.append(fname)
     for name, t in shard.items():
       weight_map[name] = fname
