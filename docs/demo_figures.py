@@ -24,12 +24,13 @@ SUMMARY_BEGIN, SUMMARY_END = "<!-- demo-summary:begin", "<!-- demo-summary:end -
 RESULTS_MD, README_MD = os.path.join("docs", "results.md"), "README.md"
 
 
-def _load(path):
+def load(path, prog: str = "demo_figures"):
+  """A run's JSON; a missing or malformed file ends the script with one line naming it."""
   try:
     with open(path) as f:
       return json.load(f)
   except (OSError, json.JSONDecodeError) as e:
-    sys.exit(f"demo_figures: {path}: {e}")
+    sys.exit(f"{prog}: {path}: {e}")
 
 
 def _f(x):
@@ -179,8 +180,8 @@ def main(argv=None):
                   help="replace the demo-figures block of docs/results.md and the demo-summary block of README.md")
   ap.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)  # tests write into a copy
   args = ap.parse_args(argv)
-  res = _load(args.results)
-  text = block(res, _load(args.again) if args.again else None, args.command, args.again_where)
+  res = load(args.results)
+  text = block(res, load(args.again) if args.again else None, args.command, args.again_where)
   short = summary(res)
   if not args.write:
     print(text)

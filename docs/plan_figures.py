@@ -18,7 +18,6 @@ beside it (docs/plans/).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -36,14 +35,6 @@ GIB = 1 << 30
 
 def markers(name: str):
   return f"<!-- plan-figures:{name}:begin", f"<!-- plan-figures:{name}:end -->"
-
-
-def _load(path):
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
-    sys.exit(f"plan_figures: {path}: {e}")
 
 
 def command(record: dict) -> str:
@@ -117,7 +108,7 @@ def main(argv=None):
   ap.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)  # tests write into a copy
   args = ap.parse_args(argv)
   folder = args.plans or os.path.join(args.root, PLANS_DIR)
-  plans = {name: _load(os.path.join(folder, f"{name}.json")) for name in PLANS}
+  plans = {name: demo_figures.load(os.path.join(folder, f"{name}.json"), "plan_figures") for name in PLANS}
   texts = {name: block(name, plans) for name in BLOCKS}
   if not args.write:
     print("\n\n".join(texts.values()))
