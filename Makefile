@@ -55,13 +55,14 @@ checkpoints/smollm2-135m/fot_jax_model.json: $(SMOLLM2_GGUF) | $(STAMP)
 smollm2-retrieval: checkpoints/smollm2-135m/fot_jax_model.json
 	$(VENV)/bin/python -m fot_jax.main --config=experiments/smollm2_retrieval.py --workdir=runs/smollm2_retrieval
 
-# make smollm2-tune CORPUS=jsonl:FILE [WORKDIR=runs/smollm2_tune]: FoT tuning of SmolLM2-135M's memory layers
-# on your own text (experiments/smollm2_fot.py:quick, 40 steps, ~11 minutes on 2 cores), every view reading
+# make smollm2-tune CORPUS=jsonl:FILE [WORKDIR=runs/smollm2_tune] [ARGS='--config.eval.n_docs=1 ...']: FoT tuning of SmolLM2-135M's memory layers
+# on your own text (experiments/smollm2_fot.py:quick, 40 steps, 11-15 minutes on 2 cores), every view reading
 # CORPUS (a task name, files:PATTERN or jsonl:PATTERN; docs/data.md). Imports SmolLM2 first when needed.
 CORPUS ?=
 WORKDIR ?= runs/smollm2_tune
+ARGS ?=
 .PHONY: smollm2-tune
 smollm2-tune: checkpoints/smollm2-135m/fot_jax_model.json
 	@test -n "$(CORPUS)" || { echo "make smollm2-tune: give CORPUS=jsonl:FILE (or files:PATTERN, or a task name)" >&2; exit 2; }
 	$(VENV)/bin/python -m fot_jax.main --config=experiments/smollm2_fot.py:quick --workdir=$(WORKDIR) \
-	  --config.data.corpus=$(CORPUS)
+	  --config.data.corpus=$(CORPUS) $(ARGS)

@@ -49,7 +49,7 @@ STEPS = COPY_D1 + COPY + LM
 
 # Variants (--config=experiments/smollm2_fot.py:NAME): 'quick' is the same recipe sized for a 2-core
 # CPU on a corpus of one's own (`make smollm2-tune CORPUS=jsonl:FILE`, README): 15 + 10 + 15 steps
-# (~11 minutes at ~17 s a step, measured) and an evaluation that fits a small held-out split (2 documents of
+# (11-15 minutes at 17-22 s a step, measured) and an evaluation that fits a small held-out split (2 documents of
 # at least 1,153 tokens: 1,024 of memory, 128 scored).
 QUICK = {"copy_d1": 15, "copy": 10, "lm": 15}
 VARIANTS = ("", "quick")

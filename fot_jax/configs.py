@@ -337,8 +337,8 @@ def eval_documents(config, documents, bos: int, eos: int) -> list:
       f"eval: {len(docs)} of the eval.n_docs={ev.n_docs} held-out documents of {data.eval_task!r} split "
       f"{data.eval_split!r} have the {need} tokens the evaluation needs (max eval.memory_tokens "
       f"{max(ev.memory_tokens)} + eval.score_tokens {ev.score_tokens} + 1); that split has {len(lengths)} "
-      f"documents" + (f", its {ev.n_docs} longest at least {fit} tokens: lower the two to sum to at most "
-                      f"{fit - 1}, or eval.n_docs" if fit else ": lower eval.n_docs") + ", or set data.eval_task to longer text")
+      f"documents" + (f", its {ev.n_docs} longest at least {fit} tokens: make max(eval.memory_tokens) + "
+                      f"eval.score_tokens at most {fit - 1}, or lower eval.n_docs" if fit else ": lower eval.n_docs") + ", or set data.eval_task to longer text")
 
 
 # experiment 'baselines' (fot_jax/baselines.py): FoT first, then the paper's comparisons (BASELINE_ARMS)

@@ -318,3 +318,13 @@ def test_bad_input_ends_in_one_line_naming_it(cli_runs, case):
 def test_refused_commands_write_nothing(cli_runs):
   tmp, _ = cli_runs
   assert not os.path.exists(tmp / "out")  # every command above is refused before its output is made
+
+
+def test_a_runs_workdir_points_at_its_arm(tmp_path):
+  """from_pretrained on a training run's workdir (what make smollm2-tune's WORKDIR names) says which
+  folder inside it is the checkpoint."""
+  from fot_jax.convert.api import load_any
+  (tmp_path / "fot").mkdir()
+  (tmp_path / "fot" / "fot_jax_model.json").write_text("{}")
+  with pytest.raises(ValueError, match=f"it is a run's workdir: load one arm, e.g. {tmp_path / 'fot'}"):
+    load_any(str(tmp_path))

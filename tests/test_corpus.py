@@ -81,8 +81,8 @@ def test_held_out_documents_too_short_for_the_evaluation_fail_before_training(tm
   config = stdlib_lm_tiny.get_test_config()
   config.data.corpus = jsonl_corpus(tmp_path / "mine.jsonl", [300, 100])
   with pytest.raises(ValueError, match=r"eval: 1 of the eval.n_docs=2 held-out documents of 'jsonl:.*mine.jsonl' "
-                                       r"split 'validation' have the 161 tokens .* its 2 longest at least 102 tokens: lower "
-                                       r"the two to sum to at most 101"):
+                                       r"split 'validation' have the 161 tokens .* its 2 longest at least 102 tokens: make "
+                                       r"max\(eval.memory_tokens\) \+ eval.score_tokens at most 101"):
     configs.validate(config)
   config.eval.memory_tokens, config.eval.score_tokens = (0, 64), 32  # 64 + 32 + 1 <= 102: it fits
   configs.validate(config)

@@ -127,9 +127,12 @@ def load_any(path: str, **overrides) -> Checkpoint:
     return _override(checkpoint.load(path), overrides, path)
   elif os.path.isfile(os.path.join(path, "config.json")):
     ck = load_hf(path, **first)
-  else:
+  else:  # a run's workdir holds its arms' checkpoints one level down (W/fot, W/no_crossbatch)
+    arms = sorted(d for d in (os.listdir(path) if os.path.isdir(path) else ())
+                  if os.path.isfile(os.path.join(path, d, checkpoint.MODEL_JSON)))
     raise ConvertError(f"{path}: neither an fot_jax checkpoint ({checkpoint.MODEL_JSON}), a "
-                       f"Hugging Face directory (config.json) nor a .gguf file")
+                       f"Hugging Face directory (config.json) nor a .gguf file" +
+                       (f"; it is a run's workdir: load one arm, e.g. {os.path.join(path, arms[0])}" if arms else ""))
   return _override(ck, {"mem_layers": "all"}, path) if every else ck
 
 
