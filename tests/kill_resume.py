@@ -16,7 +16,7 @@ At the end the same command runs to completion, and the final parameters must eq
 uninterrupted run's bit for bit, and metrics.jsonl must hold every step exactly once with the
 same values (all but tokens_per_second, a wall-clock rate). Prints progress, writes a JSON
 summary to --out and exits 0 only when everything matched and enough kills landed in writes.
-tests/test_kill_resume.py runs the same machinery with 2 kills.
+tests/test_kill_resume.py runs the same machinery with 1 kill (inside a checkpoint write).
 """
 from __future__ import annotations
 

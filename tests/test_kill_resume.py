@@ -1,6 +1,6 @@
 """kill -9 at random moments (one inside a checkpoint write at least), the same command each time:
 the run ends bit-identical to an uninterrupted one, metrics.jsonl holding every step once with
-its values (tests/kill_resume.py, here with 2 kills); and the logs cut back on resume, checked
+its values (tests/kill_resume.py, here with 1 kill, inside a checkpoint write); and the logs cut back on resume, checked
 on hand-made files (a cut last line, a cut TensorBoard record read back with TensorBoard's own
 reader)."""
 import json
@@ -18,12 +18,12 @@ from fot_jax.train.loop import trim_event_files, trim_metrics  # noqa: E402
 
 
 def test_sigkill_anywhere_then_the_same_command_ends_as_an_uninterrupted_run(tmp_path):
-  summary = kill_resume.kill_and_resume(str(tmp_path), kills=2, in_write=1, seed=0, steps=12, sleep=0.1)
-  assert summary["kills"] >= 2 and summary["kills_inside_checkpoint_writes"] >= 1, summary
+  summary = kill_resume.kill_and_resume(str(tmp_path), kills=1, in_write=1, seed=0, steps=8, sleep=0.1)
+  assert summary["kills"] >= 1 and summary["kills_inside_checkpoint_writes"] >= 1, summary
   assert not any(r["ended_before_kill"] for r in summary["records"]), summary["records"]
   assert summary["params_identical"] and summary["metrics_identical"], summary["problems"]
   steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
-  assert steps == list(range(1, 13))  # every step exactly once
+  assert steps == list(range(1, 9))  # every step exactly once
   assert not [n for n in os.listdir(tmp_path / "killed" / "checkpoints") if "tmp" in n]  # leftovers deleted
 
 
