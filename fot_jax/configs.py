@@ -159,11 +159,11 @@ def corpus_views(config) -> list:
       out.append(("training text", chosen("data.task", raw.get("task")), data.task, data.split))
     elif task == warmup:
       continue  # random token ids, no text
-    elif repeat_view(config, task) is not None:
+    elif task in data.repeats:
       own = _plain(data.repeats[task]).get("task")
       out.append((f"repeat view {task!r}", chosen(f"data.repeats.{task}.task", own),
                   repeat_view(config, task)["task"], data.split))
-    elif retrieval_view(config, task) is not None:
+    elif task in data.retrieval:
       spec = retrieval_view(config, task)
       if spec.text_slots:
         own = _plain(data.retrieval[task]).get("text_task")
@@ -176,10 +176,11 @@ def corpus_views(config) -> list:
   return out
 
 
-def format_corpus_views(config) -> str:
-  """The lines a run prints at its start: the corpus, then each view and the task it reads; a view
-  reading other text than the corpus is marked, so a forgotten override shows before training."""
-  data, views = lm_data_settings(config), corpus_views(config)
+def format_corpus_views(config, views=None) -> str:
+  """The lines a run prints at its start: the corpus, then each view and the task it reads (views:
+  corpus_views(config), computed if not given); a view reading other text than the corpus is
+  marked, so a forgotten override shows before training."""
+  data, views = lm_data_settings(config), views or corpus_views(config)
   lines = [f"data: corpus {data.corpus!r} (data.corpus); each view reads:"]
   for view, field, task, split in views:
     mark = "" if task == data.corpus else "   <- not the corpus"

@@ -86,8 +86,9 @@ def run_lm(config, workdir: str, train: bool = True) -> dict:
   vocab = vocab_lib.get_vocabulary(data.vocab)
   vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
   arms = ["fot"] + (["no_crossbatch"] if config.baseline.enabled else [])
-  print(configs.format_corpus_views(config), flush=True)
-  results = {"config": config.to_dict(), "data": {}, "corpus_views": [list(v) for v in configs.corpus_views(config)]}
+  views = configs.corpus_views(config)
+  print(configs.format_corpus_views(config, views), flush=True)
+  results = {"config": config.to_dict(), "data": {}, "corpus_views": [list(v) for v in views]}
   trained = {}
   for name in arms:
     # The baseline: FoT's phases as they ran (same tasks, same steps), without crossbatch.

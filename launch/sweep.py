@@ -16,7 +16,6 @@ imports), then each run goes to the pod (run, stream logs), one after another.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import subprocess
 import sys

@@ -199,7 +199,7 @@ def grid(model, vocab, make_prompt: PromptFn, lengths: Sequence[int], depths: Se
         answers.append(answer)
         keys.append(records.key(suite=suite, length=int(length), depth_index=di, trial=t, seed=int(seed),
                                 ids=ids_hash(examples[-1][0])))
-    done = {i: records.get(k) for i, k in enumerate(keys) if records.get(k) is not None}
+    done = {i: r for i, r in ((i, records.get(k)) for i, k in enumerate(keys)) if r is not None}
     reused = len(done)
     for idx, hits, preds in score_batches(model, examples, batch, skip=lambda idx: all(i in done for i in idx)):
       new = [{"key": keys[i], "suite": suite, "length": int(length), "depth": float(depths[cells[i]]),
