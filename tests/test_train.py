@@ -11,7 +11,7 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel, weights_in_compute_dtype
-from fot_jax.train import lm_loss_sums, make_optimizer, make_train_step, train, TrainState
+from fot_jax.train import answer_sums, lm_loss_sums, make_optimizer, make_train_step, train, TrainState
 
 TASK = DictionaryTask(num_symbols=32, num_value_symbols=16, key_len=1, value_len=1, n_defs=8, n_queries=8)
 CFG = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=(1,))
@@ -64,6 +64,27 @@ def test_loss_sums_match_numpy():
   np.testing.assert_allclose(float(loss), (nll * mask).sum(), rtol=1e-5)
   assert float(correct) == ((logits.argmax(-1) == targets) & mask).sum()
   assert float(count) == mask.sum()
+
+
+def test_answer_sums_count_whole_answers_like_a_loop():
+  rng = np.random.default_rng(1)
+  targets = rng.integers(0, 5, (4, 19))
+  pred = np.where(rng.random(targets.shape) < 0.8, targets, rng.integers(0, 5, targets.shape))
+  mask = rng.random(targets.shape) < 0.5
+  right, answers = answer_sums(jnp.asarray(np.eye(5)[pred]), jnp.asarray(targets), jnp.asarray(mask))
+  want_right = want = 0
+  for row, p, t in zip(mask, pred, targets):  # runs of masked tokens, one answer each
+    t0 = 0
+    while t0 < len(row):
+      if not row[t0]:
+        t0 += 1
+        continue
+      t1 = t0
+      while t1 < len(row) and row[t1]:
+        t1 += 1
+      want, want_right = want + 1, want_right + bool((p[t0:t1] == t[t0:t1]).all())
+      t0 = t1
+  assert (float(right), float(answers)) == (want_right, want) and 0 < want_right < want
 
 
 @pytest.mark.optimized_xla

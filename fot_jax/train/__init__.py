@@ -15,12 +15,12 @@ from fot_jax.train.fingerprint import (RESUMABLE_FIELDS, RUN_FINGERPRINT, check_
 from fot_jax.train.loop import MetricsLog, Preempted, train
 from fot_jax.train.optimizer import (TRAINABLE_GROUPS, Trainable, count_trainable, make_optimizer,
                                      parameter_paths, resolve_trainable)
-from fot_jax.train.step import (TrainState, init_state, lm_loss_sums, make_train_step, stacked_plan,
+from fot_jax.train.step import (TrainState, answer_sums, init_state, lm_loss_sums, make_train_step, stacked_plan,
                                 state_shardings)
 
 __all__ = [
     "MetricsLog", "NoCheckpoint", "Preempted", "RESUMABLE_FIELDS", "RUN_FINGERPRINT", "TRAINABLE_GROUPS",
     "TrainState", "Trainable", "check_run_fingerprint", "count_trainable", "fingerprint_differences",
-    "init_state", "lm_loss_sums", "make_optimizer", "make_train_step", "params_from_checkpoint",
+    "answer_sums", "init_state", "lm_loss_sums", "make_optimizer", "make_train_step", "params_from_checkpoint",
     "parameter_paths", "resolve_trainable", "run_fingerprint", "stacked_plan", "state_shardings", "train",
 ]

@@ -358,8 +358,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         rd = f" r_d {metrics['rd']:.3f}" if np.isfinite(metrics["rd"]) else ""
         bound = " (at most: the curriculum may end sooner)" if schedule.stop_after_last else ""
         where = f"{schedule.phase(step).get('name', f'phase {phase}')} " if len(schedule.phases) > 1 else ""
+        answers = f" answers {metrics['answer_accuracy']:.3f}" if "accuracy_mask" in batch else ""
         _print(f"[{name}] step {step + 1}/{steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.3f}"
-               f"{rd} {where}spec {spec} | {tps:,.0f} tok/s | ETA {eta:.0f}s{bound}")
+               f"{answers}{rd} {where}spec {spec} | {tps:,.0f} tok/s | ETA {eta:.0f}s{bound}")
       if schedule.phase_index(step + 1) != phase and step + 1 < steps:
         _print(f"[{name}] step {step + 1}: {schedule.phase(step + 1).get('name', 'next phase')} begins "
                f"(task {schedule.task(step + 1)}, spec {schedule.spec(step + 1)})")

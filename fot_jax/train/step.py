@@ -79,6 +79,23 @@ def lm_loss_sums(logits, targets, mask):
   return jnp.sum(nll * mask), jnp.sum(correct * mask), jnp.sum(mask)
 
 
+def answer_sums(logits, targets, mask):
+  """(whole answers right, answers) over the masked tokens [B, T]: an answer is a run of masked
+  tokens in a row, right when every token of it is the argmax (what greedy decoding writes; a
+  token-level accuracy credits the later digits of a wrong value, which follow once its first digit
+  is chosen)."""
+  mask = mask.astype(bool)
+  wrong = (mask & (jnp.argmax(logits, -1) != targets)).astype(jnp.int32)
+  before = jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
+  after = jnp.pad(mask[:, 1:], ((0, 0), (0, 1)))
+  start, end = mask & ~before, mask & ~after
+  errors = jnp.cumsum(wrong, axis=1)  # errors up to and including t
+  # errors before the current run's first token: nondecreasing, so a running max over the starts
+  at_start = jax.lax.cummax(jnp.where(start, errors - wrong, -1), axis=1)
+  right = end & (errors == at_start)
+  return jnp.sum(right.astype(jnp.float32)), jnp.sum(end.astype(jnp.float32))
+
+
 def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None, rules=None,
                     trainable: Optional[Trainable] = None, recurrent: Optional[RecurrentSpec] = None):
   """Returns step(state, batch, sources, positive, widths=None) -> (state, metrics), jitted over `mesh`.
@@ -126,7 +143,8 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
     logits, aux = model.apply({"params": params}, inputs, positions=positions, plan=plan)
     loss_sum, _, count = lm_loss_sums(logits, targets, mask)
     _, correct, acc_count = lm_loss_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
-    return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"], None)
+    answers_right, answers = answer_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
+    return loss_sum, (correct, acc_count, count, aux["rd_num"], aux["rd_den"], answers_right, answers, None)
 
   def micro_recurrent(train_params, all_params, inputs, targets, mask, acc_mask, doc, carry, widths):
     del widths
@@ -135,7 +153,7 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
     (loss_sum, correct, acc_count, count), carry = recurrent_lib.recurrent_sums(
         model, params, recurrent, lm_loss_sums, inputs, targets, mask, acc_mask, doc, carry)
     zero = jnp.zeros((), jnp.float32)
-    return loss_sum, (correct, acc_count, count, zero, zero, carry)
+    return loss_sum, (correct, acc_count, count, zero, zero, zero, zero, carry)
 
   shards = parallel.batch_shards(mesh, rules)
 
@@ -178,14 +196,14 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
       return (grads, sums), rest[-1]
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, train_params)
-    (grads, sums), outs = jax.lax.scan(body, (zeros, jnp.zeros(6, jnp.float32)), xs)
-    loss_sum, correct, acc_count, count, rd_num, rd_den = sums
+    (grads, sums), outs = jax.lax.scan(body, (zeros, jnp.zeros(8, jnp.float32)), xs)
+    loss_sum, correct, acc_count, count, rd_num, rd_den, answers_right, answers = sums
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, train_params)
     params = _merge(trainable, state.params, optax.apply_updates(train_params, updates))
     metrics = {"loss": loss_sum / denom, "accuracy": correct / jnp.maximum(acc_count, 1.0),
-               "tokens_scored": count,
+               "tokens_scored": count, "answer_accuracy": answers_right / jnp.maximum(answers, 1.0),
                "rd": jnp.where(rd_den > 0, rd_num / jnp.maximum(rd_den, 1.0), jnp.nan),
                "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics, outs
