@@ -57,6 +57,8 @@ def get_config():
       # steps: an upper bound; the curriculum ends the run when its last phase ends.
       "window": 32, "slots": SLOTS, "steps": 4000, "loss_on": "last", "accum_steps": 1,
       "log_every": 50, "checkpoint_every": 500, "disjoint_keys": True,
+      # negatives from any row of the global batch ('device': only rows on the same device)
+      "crossbatch_scope": "batch",
       "curriculum": ml_collections.ConfigDict({
           "kind": "phases", "stop_after_last": True,
           "phases": [

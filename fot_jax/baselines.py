@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from data_pipelines import vocab as vocab_lib
-from fot_jax import cli, configs, jsonio, lm_runs, provenance, recurrent, runs
+from fot_jax import cli, configs, jsonio, lm_runs, plots, provenance, recurrent, runs
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import config as eval_config, perplexity, suite as suite_lib
 from fot_jax.inference import MemoryInference
@@ -182,7 +182,7 @@ def write_results(results: Dict, workdir: str, final: bool = True) -> None:
   with open(os.path.join(workdir, "baselines.md"), "w") as f:
     f.write(markdown(results))
   xs = [max(m, 1) for m in mems]
-  runs.plot_curves(os.path.join(workdir, "baselines.png"), {a: (xs, results["perplexity"][a]) for a in arms},
+  plots.plot_curves(os.path.join(workdir, "baselines.png"), {a: (xs, results["perplexity"][a]) for a in arms},
              "tokens of the same document before the scored span", "perplexity (per token)",
              "FoT and the paper's baselines", xticks=(xs, [f"{m:,}" for m in mems]))
 

@@ -38,6 +38,15 @@ from fot_jax.model.memory import MEMORY_MODES, BlockSpec, MemoryBlock
 DOC_MODES = ("single_doc", "multi_doc")
 
 
+def token_nll(logits, targets) -> np.ndarray:
+  """Each target's negative log-likelihood under `logits` [..., vocab], in float64 NumPy (perplexity
+  and export verification compare these to other frameworks' to the last digits)."""
+  logits = np.asarray(logits, np.float64)
+  top = logits.max(-1, keepdims=True)
+  logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+  return logz - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "topk", "chunk", "stop_after", "recall"))
 def forward_window(params, tokens, token_mask, memories, cfg, mode, topk, chunk, stop_after=None, recall=0.95):
   """One window through the model with memory -> (logits or None, {layer: (keys, values)})."""

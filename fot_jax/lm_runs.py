@@ -17,7 +17,8 @@ from fot_jax import configs, provenance
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import perplexity
 from fot_jax.inference import MemoryInference
-from fot_jax.runs import baseline_schedule, plot_curves, save_and_tabulate, train_arm
+from fot_jax.plots import plot_curves
+from fot_jax.runs import baseline_schedule, save_and_tabulate, train_arm
 
 
 def lm_run_fields(config) -> dict:

@@ -89,11 +89,12 @@ def plan(config, dump_dir: str | None = None, top: int = 10) -> dict:
   rows, window, accum, schedule = configs.train_shape(config)
   mesh_cfg = config.get("mesh")
   mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
-  optimizer = make_optimizer(config.optim)
-  trainable = resolve_trainable(config.train.get("trainable"), cfg) if "train" in config else None
+  ts = configs.train_settings(config, "fot")  # the step planned is FoT's: a dictionary run's `fot` section
+  optimizer = make_optimizer(ts.optim)
+  trainable = resolve_trainable(ts.trainable, cfg)
   state_shardings(cfg, optimizer, mesh, rules, trainable)  # indivisible parameters fail before the batch check
   parallel.check_batch_rows(rows // accum, mesh, rules, "data.slots x windows_per_slot / train.accum_steps")
-  scope = config.get("train", {}).get("crossbatch_scope", "batch") if "train" in config else "batch"
+  scope = ts.crossbatch_scope
   groups = parallel.batch_shards(mesh, rules) if scope == "device" else 1
   spec = _widest_spec(schedule, rows // accum // groups)
   if dump_dir:  # a program read from the compilation cache is not compiled, so XLA would dump nothing

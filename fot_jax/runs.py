@@ -10,7 +10,7 @@ import numpy as np
 
 from data_pipelines.copy_task import CopyBatches, CopyTask
 from data_pipelines.dictionary_lookup import DictionaryBatches
-from fot_jax import configs, jsonio, provenance
+from fot_jax import configs, jsonio, plots, provenance
 from fot_jax.curriculum import Schedule
 from fot_jax.settings import TrainSettings
 from fot_jax.eval import dictionary
@@ -165,16 +165,12 @@ def _write_results(results, workdir, arms):
   for name, sets in results["rd"].items():
     for label, rd in sets.items():
       print(f"{name} r_d ({label} documents): " + ", ".join(f"d={d} {r:.3f}" for d, r in zip(rd["d"], rd["r_d"])))
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib missing: no plot written")
+  plt = plots.pyplot()
+  if plt is None:
     return
   fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
   n = len(sd["seeds"])
-  plot_accuracy(ax, results, f"FoT (window {results['fot']['window']})" + (f", mean of {n} seeds" if n > 1 else ""),
+  plots.plot_dictionary_accuracy(ax, results, f"FoT (window {results['fot']['window']})" + (f", mean of {n} seeds" if n > 1 else ""),
                 f"FoT min-max over {n} seeds", "")
   ax.set_title(f"Dictionary lookup with memory (top-k {results['config']['eval']['topk']})")
   ax.grid(alpha=0.3)
@@ -198,23 +194,6 @@ def _write_results(results, workdir, arms):
   plt.close(fig)
 
 
-def plot_accuracy(ax, results, fot_label, band_label, baseline_note):
-  """A dictionary run's accuracy against context tokens on `ax`: FoT's seed mean (a min-max band
-  over several seeds) and the baseline's curve, on a log2 axis (also far_end's figure)."""
-  sd = results["seeds"]
-  ax.plot(sd["memory_tokens"], sd["mean"], marker="o", color="C0", label=fot_label)
-  if len(sd["seeds"]) > 1:
-    ax.fill_between(sd["memory_tokens"], sd["min"], sd["max"], color="C0", alpha=0.25, label=band_label)
-  if "baseline" in results:
-    b = results["baseline"]
-    ax.plot(b["memory_tokens"], b["accuracy"], marker="s", color="C3",
-            label=f"baseline (window {b['window']}, no crossbatch){baseline_note}")
-  ax.set_xscale("log", base=2)
-  ax.set_ylim(-0.02, 1.02)
-  ax.set_xlabel("context tokens (target's definitions among other dictionaries')")
-  ax.set_ylabel("accuracy (queries answered)")
-
-
 def save_and_tabulate(results, workdir, arms, metric, title):
   """results.json, and a table of `metric` against memory tokens per arm on stdout."""
   jsonio.write_json(os.path.join(workdir, "results.json"), results, default=str)
@@ -225,30 +204,3 @@ def save_and_tabulate(results, workdir, arms, metric, title):
     lines.append(f"{m:>14,} | " + " | ".join(f"{results[a][metric][i]:>{width}.3f}" for a in arms))
   print(f"\n{title}:\n" + "\n".join(lines))
   print(f"wall time {results['wall_seconds']:.0f}s; results in {os.path.join(workdir, 'results.json')}")
-
-
-def plot_curves(path, curves, xlabel, ylabel, title, ylim=None, xticks=None):
-  """curves: {label: (xs, ys)} on a log2 x axis -> PNG at path."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib missing: no plot written")
-    return
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for label, (xs, ys) in curves.items():
-    ax.plot(xs, ys, marker="o", label=label)
-  ax.set_xscale("log", base=2)
-  if xticks:
-    ax.set_xticks(*xticks)
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  if ylim:
-    ax.set_ylim(*ylim)
-  ax.grid(alpha=0.3)
-  ax.legend()
-  ax.set_title(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)

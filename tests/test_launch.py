@@ -215,6 +215,7 @@ def test_plan_mode_reports_params_flops_and_memory_without_a_workdir():
   assert f"parameters         {n:,}" in out
   assert "data=2 x fsdp=2 x tensor=2 x context=1 (8 devices)" in out
   assert "32 rows x 32 tokens" in out  # 16 slots x 2 windows of 32
+  assert "(scope batch)" in out
   assert "FLOPs per step" in out and "memory per device" in out
   assert "model FLOPs" in out  # the formula itself: tests/test_benchmarks.py (accelerator check)
 
@@ -317,3 +318,9 @@ def test_plan_mode_rejects_a_bad_mesh_before_tracing(tmp_path, monkeypatch):
                    r"fsdp of size 256", proc.stderr)
   assert "Traceback" not in proc.stderr
   assert not [f for f in os.listdir(tmp_path) if f.startswith("fot_jax_plan_xla_")]
+  # A dictionary run's crossbatch scope is its `fot` arm's, as training reads it: with 'device' each of
+  # the 4 batch shards holds 4 of the 16 slots, too few for the negatives phase's d=16 (the same mesh
+  # plans with scope 'batch' in test_plan_mode_reports_params_flops_and_memory_without_a_workdir).
+  proc = _main(*_TINY_PLAN, "--config.fot.crossbatch_scope=device")
+  assert proc.returncode != 0
+  assert "config error: crossbatch.d: d=16 needs 16 slots (1 positive + 15 negative) but the batch has 4" in proc.stderr

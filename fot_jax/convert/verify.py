@@ -27,7 +27,7 @@ import numpy as np
 from fot_jax.checkpoint import ConvertError, read_json
 from fot_jax.convert import mapping
 from fot_jax.convert.api import from_pretrained
-from fot_jax.eval.perplexity import _nll
+from fot_jax.inference import token_nll
 
 MAX_LOGIT_DIFF = 1e-3  # float32 exports
 MIN_ARGMAX_AGREE = 0.98  # bfloat16 / float16 exports
@@ -102,7 +102,7 @@ def verify_export(checkpoint: str, export_dir: str, text_path: Optional[str] = N
     ours = model.logits_with_memory(ids, window=window)[0]
   theirs = ref.logits_with_memory(ids, window=window)[0]
   targets = ids[0, 1:]
-  nll = lambda lg: float(_nll(lg[:-1], targets).mean())
+  nll = lambda lg: float(token_nll(lg[:-1], targets).mean())
   r = {"tokens": int(ids.shape[1]), "window": window, "windows": -(-ids.shape[1] // window),
        "mem_layers": sorted(model.cfg.mem_layers), "export_dtype": export_dtype,
        "max_abs_logit_diff": float(np.abs(ours - theirs).max()),

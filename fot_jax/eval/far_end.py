@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines.dictionary_lookup import DictionaryTask
-from fot_jax import checkpoint, jsonio, runs
+from fot_jax import checkpoint, jsonio, plots
 from fot_jax.eval import dictionary, host_index
 from fot_jax.inference import forward_window
 from fot_jax.model.config import ModelConfig
@@ -118,13 +118,13 @@ def evaluate_streamed(cfg: ModelConfig, params, evalset: dictionary.DictionaryEv
 
 def plot(path: str, demo: dict, far: dict) -> None:
   """The demo's accuracy curve (results.json) extended by the streamed points."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = plots.pyplot()
+  if plt is None:
+    return
   fig, ax = plt.subplots(figsize=(7, 4.2))
   n = len(demo["seeds"]["seeds"])
   questions = demo["config"]["eval"]["n_docs"] * demo["config"]["task"]["n_queries"]
-  runs.plot_accuracy(ax, demo, f"FoT, demo evaluation ({questions} questions"
+  plots.plot_dictionary_accuracy(ax, demo, f"FoT, demo evaluation ({questions} questions"
                      + (f", mean of {n} seeds)" if n > 1 else ")"), None, ", demo evaluation")
   ax.plot(far["memory_tokens"], far["accuracy"], marker="D", color="C2",
           label=f"FoT, streamed exact retrieval ({far['questions']} questions, keys split)")

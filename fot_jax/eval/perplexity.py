@@ -22,19 +22,12 @@ from typing import Dict, List, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax.inference import MemoryInference, forward_window
+from fot_jax.inference import MemoryInference, forward_window, token_nll
 
 
 def needed_length(memory_tokens: Sequence[int], score_tokens: int) -> int:
   """Stream tokens a document needs to be scored at every memory size (inputs + 1 target)."""
   return max(memory_tokens) + score_tokens + 1
-
-
-def _nll(logits, targets) -> np.ndarray:
-  logits = np.asarray(logits, np.float64)
-  top = logits.max(-1, keepdims=True)
-  logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
-  return logz - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
 
 
 def span_nll(inference: MemoryInference, streams: np.ndarray, memory: int, score_tokens: int,
@@ -53,7 +46,7 @@ def span_nll(inference: MemoryInference, streams: np.ndarray, memory: int, score
   if memory:
     inference.process(streams[:, span_start - memory:span_start], mem, want_logits=False)
   logits = inference.process(streams[:, span_start:length - 1], mem)
-  return _nll(logits, streams[:, span_start + 1:])
+  return token_nll(logits, streams[:, span_start + 1:])
 
 
 def one_call_nll(inference, streams: np.ndarray, score_tokens: int) -> np.ndarray:
@@ -61,7 +54,7 @@ def one_call_nll(inference, streams: np.ndarray, score_tokens: int) -> np.ndarra
   in one `process` call from the first token (a long-context forward, or memory inference whose
   windows start at the stream's first token rather than, as in span_nll, at the scored span)."""
   logits = inference.process(streams[:, :-1], inference.new_memory(len(streams)))
-  return _nll(logits[:, -score_tokens:], streams[:, -score_tokens:])
+  return token_nll(logits[:, -score_tokens:], streams[:, -score_tokens:])
 
 
 def shared_context_nll(inference: MemoryInference, streams: np.ndarray, memories: Sequence[int],
@@ -91,7 +84,7 @@ def shared_context_nll(inference: MemoryInference, streams: np.ndarray, memories
       kv = {layer: tuple(jnp.concatenate([w[layer][i] for w in recent], axis=1) for i in (0, 1))
             for layer in cfg.mem_layers}
       mem.add(kv, jnp.ones((b, m), bool))
-    out[m] = _nll(inference.process(streams[:, span_start:length - 1], mem), streams[:, span_start + 1:])
+    out[m] = token_nll(inference.process(streams[:, span_start:length - 1], mem), streams[:, span_start + 1:])
   return out
 
 

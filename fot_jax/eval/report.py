@@ -8,7 +8,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from fot_jax import jsonio
+from fot_jax import jsonio, plots
 
 Runs = Dict[str, dict]  # run name -> one suite's result JSON
 
@@ -126,12 +126,8 @@ def tables(suite: str, runs: Runs) -> str:
 
 def plot_suite(suite: str, runs: Runs, out_dir: str, prefix: str = "") -> List[str]:
   """Writes the suite's PNG(s) into out_dir; returns their file names."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib missing: no plot written")
+  plt = plots.pyplot()
+  if plt is None:
     return []
   files = []
 
@@ -256,9 +252,9 @@ def compare(workdirs: List[str], out_dir: str) -> str:
 
 def plot_heads(runs: Dict[str, dict], path: str) -> str:
   """Heat map of copy scores (layers x heads), one panel per run; picked layers marked '*'."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = plots.pyplot()
+  if plt is None:
+    return path
   shapes = [np.shape(r["scores"]) for r in runs.values()]
   layers, heads = max(s[0] for s in shapes), max(s[1] for s in shapes)
   fig, axes = plt.subplots(1, len(runs), figsize=(len(runs) * max(3.5, 1.2 + 0.45 * heads), 1.6 + 0.25 * layers),

@@ -7,6 +7,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from fot_jax import plots
 from fot_jax.eval import report
 from fot_jax.study.config import memory_label
 
@@ -78,10 +79,9 @@ def markdown(study: Dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _line_styles(methods: Dict) -> Dict[str, Dict]:
+def _line_styles(plt, methods: Dict) -> Dict[str, Dict]:
   """One colour per method spec (a fine-tuned method shares its frozen twin's), dashed when
   fine-tuned: 15 methods stay readable where the default colour cycle repeats after 10."""
-  import matplotlib.pyplot as plt
   colours = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["#000000", "#7f7f00", "#004c99", "#993300"]
   family, out = {}, {}
   for n, r in methods.items():
@@ -95,16 +95,12 @@ def _line_styles(methods: Dict) -> Dict[str, Dict]:
 def plot(study: Dict, workdir: str) -> List[str]:
   """study_ppl.png, study_accuracy.png (accuracy against length per method, one panel per grid),
   study_passkey.png / study_niah.png (heatmaps side by side), study_rd.png."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib missing: no figure written")
+  plt = plots.pyplot()
+  if plt is None:
     return []
   methods = study["methods"]
   files = []
-  style = _line_styles(methods)
+  style = _line_styles(plt, methods)
   with_ppl = {n: r["ppl"] for n, r in methods.items() if "ppl" in r}
   if with_ppl:
     fig, ax = plt.subplots(figsize=(8.0, 4.4))
