@@ -37,14 +37,13 @@ def main():
   p.add_argument("--batches", type=int, default=100)
   p.add_argument("--steps", type=int, default=10)
   a = p.parse_args()
-  from data_pipelines import pipeline
   from fot_jax import configs, crossbatch
-  from fot_jax.curriculum import Schedule
+  from fot_jax.runners import lm_data
   from fot_jax.model.init import init_params
   from fot_jax.train import TrainState, make_optimizer, make_train_step, stacked_plan
   config = _load(a.config)
-  configs.validate(config)
-  batcher = pipeline.lm_batches_from_config(config)
+  exp = configs.resolve(config)
+  batcher = lm_data.text_batches(exp.lm.data, exp.lm.data.task, exp.train.seed)
   batches = [batcher(0)]
   t0 = time.perf_counter()
   for step in range(1, a.batches):
@@ -53,9 +52,9 @@ def main():
   rows, seq = batches[0]["inputs"].shape
   data_tps = (a.batches - 1) * rows * seq / data_s
 
-  cfg = configs.model_config(config)
-  spec = Schedule(config.train.curriculum).all_specs()[-1]
-  optimizer = make_optimizer(config.optim)
+  cfg = exp.model
+  spec = exp.schedule().all_specs()[-1]
+  optimizer = make_optimizer(exp.train.optim)
   params = init_params(cfg, 0)
   state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
   step_fn = make_train_step(cfg, optimizer, 1)

@@ -55,14 +55,14 @@ def main():
   from fot_jax.model.init import init_params
   from fot_jax.train import count_trainable, make_optimizer, resolve_trainable
   config = configs.load_module(a.config).get_config()
-  configs.validate(config, check_data=False)
-  cfg = configs.model_config(config)
-  rows, window, _, schedule = configs.train_shape(config)
-  spec = schedule.all_specs()[-1]
-  trainable = resolve_trainable(config.train.get("trainable"), cfg)
+  exp = configs.resolve(config, check_data=False)
+  cfg = exp.model
+  rows, window, _ = exp.train_shape()
+  spec = exp.schedule().all_specs()[-1]
+  trainable = resolve_trainable(exp.train.trainable, cfg)
   if trainable is None:
     raise SystemExit(f"{a.config}: train.trainable selects every parameter; nothing to compare")
-  optimizer = make_optimizer(config.optim)
+  optimizer = make_optimizer(exp.train.optim)
   params = jax.jit(lambda: init_params(cfg, 0))()
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, window + 1)).astype(np.int32)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "loss_mask": np.ones((rows, window), bool)}

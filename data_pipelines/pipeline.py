@@ -4,7 +4,7 @@
 (`seqio.ShardInfo(process_index, process_count)`), tokenized with the run's
 vocabulary. Epoch e reads the task with shuffle seed `seed * 1000 + e`, so every
 host sees the same order and a resumed run can reopen any epoch at any document.
-`lm_batches_from_config(config)` reads the shared `c.data` fields.
+Typed arguments only: an experiment's data settings reach it through fot_jax/runners/lm_data.py.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from data_pipelines import tasks, vocab as vocab_lib
 from data_pipelines.slots import SlotBatcher
-from fot_jax.settings import LMDataSettings
 
 
 def _is_token_task(provider) -> bool:
@@ -107,16 +106,3 @@ def host_slots(global_slots: int, process_count: Optional[int] = None) -> int:
     raise ValueError(f"data.slots={global_slots} must be a multiple of the host count {n} "
                      f"(each host builds its own slots)")
   return global_slots // n
-
-
-def lm_batches_from_config(config, split: Optional[str] = None, repeat: bool = True,
-                           task: Optional[str] = None) -> SlotBatcher:
-  """The shared c.data fields: task (or `task`), vocab, slots (global), windows_per_slot, window,
-  min_doc_len."""
-  d = LMDataSettings.from_dict(config.data, "data")
-  vocab = vocab_lib.get_vocabulary(d.vocab)
-  batcher = lm_batches(task or d.task, vocab, slots=host_slots(d.slots), windows=d.windows_per_slot,
-                       window=d.window, split=split or d.split, seed=int(config.seed), min_doc_len=d.min_doc_len,
-                       max_doc_len=d.max_doc_len, repeat=repeat)
-  batcher.check_nonempty()
-  return batcher

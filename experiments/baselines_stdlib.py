@@ -3,7 +3,7 @@
   python -m fot_jax.main --config=experiments/baselines_stdlib.py --workdir=runs/baselines
 
 The tiny byte-level model of experiments/stdlib_lm_tiny.py (3 layers of 64, memory layer 1,
-128-byte windows, 8 slots x 2 windows a step) trained five ways (fot_jax/baselines.py): FoT
+128-byte windows, 8 slots x 2 windows a step) trained five ways (fot_jax/runners/baselines.py): FoT
 (crossbatch), the Memorizing Transformer (a memory of the same file's earlier windows, 1,024
 entries per slot, attended in full in training, non-differentiable), Transformer-XL (every layer sees the previous
 window), plain (no memory in training) and the hybrid (FoT, then its last HYBRID steps as the
@@ -34,7 +34,7 @@ def get_config():
                                {"name": "lm", "task": "stdlib_pk", "spec": {"d": 8, "w": 1}, "steps": LM}]
   steps = COPY_MAX + TEXT_MAX + LM
   c.train.steps, c.optim.total_steps, c.train.checkpoint_every, c.train.log_every = steps, steps, 500, 50
-  c.baseline.enabled = False  # the arms below replace run_lm's one baseline
+  c.baseline.enabled = False  # the arms below replace the LM runner's one baseline
   c.baselines = ml_collections.ConfigDict({
       "arms": ("fot", "memorizing", "transformer_xl", "plain", "hybrid"),
       "seeds": (0, 1),

@@ -1,7 +1,9 @@
-"""Turning experiment ConfigDicts into typed objects, and the one `validate(config)`.
+"""An experiment file's ConfigDict, resolved once into a typed, checked `Experiment`.
 
-`validate` runs before anything is traced, so a bad experiment file or CLI
-override ends in one message naming the field, not a traceback from inside JAX.
+`resolve(config)` is the one reader of an experiment's ConfigDict: `fot_jax.main` (and the study,
+for its base run) calls it before anything is traced, so a bad experiment file or CLI override
+ends in one message naming the field, not a traceback from inside JAX. The runners
+(fot_jax/runners/), the plan and the data feeds take the Experiment or the part they need.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import dataclasses
 import math
 import os
 import types
+from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -23,31 +26,136 @@ from fot_jax.eval import perplexity
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import (BaselinesSettings, CopyWarmupSettings, DictionaryArm,
-                              DictionaryEvalSettings, LMDataSettings, LMEvalSettings, TrainSettings)
+from fot_jax.settings import (BaselinesSettings, CopyWarmupSettings, DictionaryArm, DictionaryEvalSettings,
+                              LMDataSettings, LMEvalSettings, TrainSettings)
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
 LM_EXPERIMENTS = ("lm", "baselines")  # experiments/base_lm.py fields
 
 
+@dataclasses.dataclass(frozen=True)
+class TextFeed:
+  """An LM curriculum task that trains on text as it is: `task` (a SeqIO task or mixture,
+  files:PATTERN or jsonl:PATTERN) in the run's slot batches."""
+  task: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatFeed:
+  """A repeat view (`c.data.repeats[name]`): text of `task` in which a `fraction` of the slots
+  repeat their first window in every later one (data_pipelines.copy_task.RepeatedWindows);
+  score_first: that first window is scored too."""
+  task: str
+  fraction: float = 1.0
+  score_first: bool = True
+
+
+# An LM curriculum task's feed is one of: TextFeed, RepeatFeed, RetrievalSpec (retrieval documents,
+# data_pipelines.retrieval_docs) or CopyWarmupSettings (the copy warm-up on random ids).
+REPEAT_FIELDS = tuple(f.name for f in dataclasses.fields(RepeatFeed))
+
+
+@dataclasses.dataclass(frozen=True)
+class LMExperiment:
+  """The parts only LM experiments ('lm', 'baselines') have: data, evaluation, one typed feed per
+  curriculum task (None: data.task), what each text view reads (corpus_views), and whether the
+  no-crossbatch arm trains beside FoT (`c.baseline.enabled`, experiment 'lm')."""
+  data: LMDataSettings
+  eval: LMEvalSettings
+  feeds: Dict[Optional[str], Any]
+  views: Tuple[Tuple[str, str, str, str], ...]
+  no_crossbatch: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DictionaryExperiment:
+  """The dictionary-lookup experiment's parts: the task, each arm's batch shape ('fot', 'baseline'),
+  the baseline's training settings (its steps are FoT's as run), evaluation, and FoT's seeds
+  (`c.seed` first, then `c.extra_seeds`)."""
+  task: DictionaryTask
+  arms: Dict[str, DictionaryArm]
+  baseline_train: TrainSettings
+  eval: DictionaryEvalSettings
+  seeds: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """An experiment file resolved once (`resolve`): the model, FoT's training run and curriculum, the
+  copy warm-up, and the parts of its kind. `raw` is the ConfigDict as a dict, kept for results.json
+  and the workdirs' fingerprints only: nothing reads settings from it."""
+  kind: str
+  model: ModelConfig
+  train: TrainSettings  # FoT's: every arm of an LM experiment (seed replaced per seed), the dictionary 'fot' arm
+  curriculum: Dict[str, Any]
+  warmup: CopyWarmupSettings
+  raw: Dict[str, Any]
+  lm: Optional[LMExperiment] = None
+  dictionary: Optional[DictionaryExperiment] = None
+  baselines: Optional[BaselinesSettings] = None
+
+  def schedule(self) -> Schedule:
+    """FoT's curriculum, fresh (a Schedule keeps its run's state: one per training run)."""
+    return Schedule(self.curriculum)
+
+  def train_shape(self) -> Tuple[int, int, int]:
+    """(global rows, window, accum_steps) of one FoT training step."""
+    if self.lm is not None:
+      d = self.lm.data
+      return d.slots * d.windows_per_slot, d.window, self.train.accum_steps
+    fot = self.dictionary.arms["fot"]
+    return fot.slots * self.schedule().pack, fot.window, self.train.accum_steps
+
+  def run_fields(self, arm: str = "fot") -> Dict[str, Any]:
+    """What defines an arm's training besides its model, optimiser and train settings (the workdir's
+    fingerprint, fot_jax.train.run_fingerprint), as configured: the data, the copy warm-up, the
+    curriculum (a following arm's own is derived from how FoT's ran, so FoT's must not change) and,
+    for a dictionary arm, its window and slots."""
+    raw = self.raw
+    if self.lm is not None:
+      fields = {"data": raw["data"], "curriculum": raw["train"]["curriculum"]}
+      if raw.get("warmup") is not None:
+        fields["warmup"] = raw["warmup"]
+      return fields
+    a = self.dictionary.arms[arm]
+    fields = {"data": raw["data"], "warmup": raw.get("warmup"), arm: {"window": a.window, "slots": a.slots},
+              "curriculum": raw["fot"]["curriculum"]}
+    fields.setdefault("fot", {})["disjoint_keys"] = self.dictionary.arms["fot"].disjoint_keys
+    return fields
+
+
 def _plain(x):
   return x.to_dict() if hasattr(x, "to_dict") else dict(x or {})
 
 
-def model_config(config) -> ModelConfig:
+def resolve(config, check_data: bool = True) -> Experiment:
+  """The experiment file's ConfigDict -> a checked Experiment; raises ValueError naming the bad field.
+
+  check_data=False skips what needs the data on this machine (an LM run's vocabulary, tasks,
+  train.init_from and held-out documents): --mode=plan reads no data."""
+  if config.get("experiment") not in EXPERIMENTS:
+    raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {config.get('experiment')!r}")
+  if config.experiment in LM_EXPERIMENTS:
+    return _resolve_lm(config, check_data)
+  return _resolve_dictionary(config)
+
+
+def _model_config(config) -> ModelConfig:
   overrides = _plain(config.model.get("overrides", {}))
-  return ModelConfig.from_dict(overrides, "model.overrides", base=get_size(config.model.size))
+  cfg = ModelConfig.from_dict(overrides, "model.overrides", base=get_size(config.model.size))
+  if not cfg.mem_layers:
+    raise ValueError("model.mem_layers: FoT needs at least one memory layer")
+  return cfg
 
 
-def train_settings(config, arm: str = "fot", seed=None, steps=None) -> TrainSettings:
-  """A training run's settings from the experiment's sections: an LM experiment's `train` and `optim`
-  (every arm the same), or a dictionary-lookup arm's (`fot` / `baseline`) and `optim`; `seed` and
-  `steps` override the configured ones (extra seeds; the baseline, which has no `steps`, runs FoT's)."""
+def _train_settings(config, arm: str) -> TrainSettings:
+  """A training run's settings from an LM experiment's `train` and `optim` (every arm the same), or a
+  dictionary-lookup arm's section (`fot` / `baseline`) and `optim`."""
   lm = config.experiment in LM_EXPERIMENTS
   t = config.train if lm else config[arm]
-  fields = {"steps": t.get("steps", 0) if steps is None else steps, "seed": config.seed if seed is None else seed,
-            "loss_on": t.get("loss_on", "all"), "accum_steps": t.get("accum_steps", 1), "log_every": t.log_every,
+  fields = {"steps": t.get("steps", 0), "seed": config.seed, "loss_on": t.get("loss_on", "all"),
+            "accum_steps": t.get("accum_steps", 1), "log_every": t.log_every,
             "checkpoint_every": t.checkpoint_every, "optim": config.optim, "mesh": config.get("mesh"),
             "crossbatch_scope": t.get("crossbatch_scope", "batch")}
   if lm:
@@ -55,27 +163,33 @@ def train_settings(config, arm: str = "fot", seed=None, steps=None) -> TrainSett
   return TrainSettings.from_dict(fields, "train" if lm else arm)
 
 
-def lm_data_settings(config) -> LMDataSettings:
-  """An LM experiment's `data` section, typed and checked."""
-  return LMDataSettings.from_dict(config.data, "data")
+def _copy_warmup(config) -> CopyWarmupSettings:
+  """The experiment's copy warm-up (`c.warmup`, off without the section). An LM run's names its span,
+  slots and ids; the dictionary experiment's spans are its arms' windows, its ids the last
+  `num_symbols` of its vocabulary."""
+  required = ("span", "slots", "num_symbols") if config.experiment in LM_EXPERIMENTS else ("num_symbols",)
+  return CopyWarmupSettings.from_dict(config.get("warmup"), "warmup", required)
 
 
-def lm_eval_settings(config) -> LMEvalSettings:
-  """An LM experiment's `eval` section, typed and checked."""
-  return LMEvalSettings.from_dict(config.eval, "eval")
+def lm_copy_task(warmup: CopyWarmupSettings, arm: str = "fot") -> CopyTask:
+  """An LM run's copy warm-up documents: spans of `span` random token ids (`num_symbols` ids from
+  `symbol_offset`), repeated. The no-crossbatch arm's repeat comes in `baseline_chunks` shuffled
+  pieces (its documents sit whole in one row, where a fixed-offset copy would not transfer)."""
+  return CopyTask(span=warmup.span, num_symbols=warmup.num_symbols, symbol_offset=warmup.symbol_offset,
+                  chunks=1 if arm == "fot" else warmup.baseline_chunks, distinct=warmup.distinct)
 
 
-def dictionary_arm(config, arm: str) -> DictionaryArm:
-  """A dictionary-lookup arm's batch shape (`fot` or `baseline`)."""
-  return DictionaryArm.from_section(config[arm], arm)
+def dictionary_copy_task(warmup: CopyWarmupSettings, task: DictionaryTask, span: int, arm: str) -> CopyTask:
+  """The dictionary experiment's copy warm-up over the last `warmup.num_symbols` ids of its
+  vocabulary: all value symbols and the last key symbols (fewer symbols: a much earlier induction
+  phase change), spans of FoT's window. The baseline's repeat comes in `warmup.baseline_chunks`
+  shuffled pieces (no fixed-offset copy)."""
+  n = min(warmup.num_symbols, task.num_symbols + task.num_value_symbols)
+  chunks = warmup.baseline_chunks if arm == "baseline" else 1
+  return CopyTask(span=span, num_symbols=n, symbol_offset=task.vocab_size - n, chunks=chunks)
 
 
-def dictionary_eval_settings(config) -> DictionaryEvalSettings:
-  """The dictionary-lookup experiment's `eval` section, typed and checked."""
-  return DictionaryEvalSettings.from_dict(config.eval, "eval")
-
-
-def dictionary_task(config) -> DictionaryTask:
+def _dictionary_task(config) -> DictionaryTask:
   fields = _plain(config.data)
   known = {f.name for f in dataclasses.fields(DictionaryTask)}
   unknown = sorted(set(fields) - known)
@@ -86,137 +200,24 @@ def dictionary_task(config) -> DictionaryTask:
   return task
 
 
-def copy_warmup(config) -> CopyWarmupSettings:
-  """The experiment's copy warm-up (`c.warmup`, typed; off without the section). An LM run's names
-  its span, slots and ids; the dictionary experiment's spans are its arms' windows, its ids the
-  last `num_symbols` of its vocabulary."""
-  required = ("span", "slots", "num_symbols") if config.experiment in LM_EXPERIMENTS else ("num_symbols",)
-  return CopyWarmupSettings.from_dict(config.get("warmup"), "warmup", required)
-
-
-def warmup_task_name(config):
-  """The curriculum task name of an LM run's copy warm-up (`c.warmup.task`), None without one."""
-  w = copy_warmup(config)
-  return w.task if w.enabled else None
-
-
-def lm_warmup_task(config, arm: str = "fot") -> CopyTask:
-  """An LM run's copy warm-up (`c.warmup`): spans of `span` random token ids (`num_symbols` ids
-  from `symbol_offset`), repeated. The no-crossbatch arm's repeat comes in `baseline_chunks`
-  shuffled pieces (its documents sit whole in one row, where a fixed-offset copy would not transfer)."""
-  w = copy_warmup(config)
-  return CopyTask(span=w.span, num_symbols=w.num_symbols, symbol_offset=w.symbol_offset,
-                  chunks=1 if arm == "fot" else w.baseline_chunks, distinct=w.distinct)
-
-
-REPEAT_FIELDS = ("task", "fraction", "score_first")
-
-
-def repeat_view(config, task):
-  """The repeat view a curriculum task names (`c.data.repeats[task]`: its source task, '' or absent
-  for the corpus; the fraction of slots repeated; whether their first window is scored), None for
-  any other task."""
-  data = lm_data_settings(config)
-  if task is None or task not in data.repeats:
-    return None
-  v = _plain(data.repeats[task])
-  unknown = sorted(set(v) - set(REPEAT_FIELDS))
-  if unknown:
-    raise ValueError(f"data.repeats.{task}: unknown field(s) {unknown}; known: {list(REPEAT_FIELDS)}")
-  return {"task": str(v.get("task") or data.corpus), "fraction": float(v.get("fraction", 1.0)),
-          "score_first": bool(v.get("score_first", True))}
-
-
-def retrieval_view(config, task):
-  """The retrieval documents a curriculum task names (`c.data.retrieval[task]`, fields of
-  data_pipelines.retrieval_docs.RetrievalSpec; natural-text slots read the corpus unless the view
-  names its own `text_task`), None for any other task."""
-  data = lm_data_settings(config)
-  if task is None or task not in data.retrieval:
-    return None
-  fields = _plain(data.retrieval[task])
-  if fields.get("text_slots") and not fields.get("text_task"):
-    fields["text_task"] = data.corpus
-  spec = RetrievalSpec.from_dict(fields, f"data.retrieval.{task}")
-  spec.validate(f"data.retrieval.{task}", data.windows_per_slot)
-  return spec
-
-
-def corpus_views(config) -> list:
-  """What each text view of an LM run reads: [(view, field, task, split)] for the training text
-  when a phase reads it, every repeat and retrieval view the curriculum uses (a retrieval view
-  without natural-text slots reads none), and the held-out evaluation. `field` is the config field
-  that chose the task, or 'data.corpus' when the view names none."""
-  data, sched = lm_data_settings(config), Schedule(config.train.curriculum)
-  raw = _plain(config.data)
-
-  def chosen(field, value):
-    return field if value else "data.corpus"
-  out = []
-  warmup = warmup_task_name(config)
-  for task in dict.fromkeys(sched.tasks()):  # in the curriculum's order
-    if task is None:
-      out.append(("training text", chosen("data.task", raw.get("task")), data.task, data.split))
-    elif task == warmup:
-      continue  # random token ids, no text
-    elif task in data.repeats:
-      own = _plain(data.repeats[task]).get("task")
-      out.append((f"repeat view {task!r}", chosen(f"data.repeats.{task}.task", own),
-                  repeat_view(config, task)["task"], data.split))
-    elif task in data.retrieval:
-      spec = retrieval_view(config, task)
-      if spec.text_slots:
-        own = _plain(data.retrieval[task]).get("text_task")
-        out.append((f"retrieval view {task!r} text slots", chosen(f"data.retrieval.{task}.text_task", own),
-                    spec.text_task, data.split))
-    else:
-      out.append((f"curriculum task {task!r}", "train.curriculum", task, data.split))
-  out.append(("held-out evaluation", chosen("data.eval_task", raw.get("eval_task")), data.eval_task,
-              data.eval_split))
-  return out
-
-
-def format_corpus_views(config, views=None) -> str:
-  """The lines a run prints at its start: the corpus, then each view and the task it reads (views:
-  corpus_views(config), computed if not given); a view reading other text than the corpus is
-  marked, so a forgotten override shows before training."""
-  data, views = lm_data_settings(config), views or corpus_views(config)
-  lines = [f"data: corpus {data.corpus!r} (data.corpus); each view reads:"]
-  for view, field, task, split in views:
-    mark = "" if task == data.corpus else "   <- not the corpus"
-    lines.append(f"  {view:<36} {task!r} split {split!r} ({field}){mark}")
-  if data.task != data.corpus and not any(v[0] == "training text" for v in views):
-    lines.append(f"  note: data.task={data.task!r} is read by no phase of this curriculum; data.corpus sets "
-                 f"what every view reads")
-  return "\n".join(lines)
-
-
-def validate(config, check_data: bool = True) -> None:
-  """Checks an experiment config; raises ValueError naming the bad field.
-
-  check_data=False skips what needs the data on this machine (LM vocabulary and tasks)."""
-  if config.get("experiment") not in EXPERIMENTS:
-    raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {config.get('experiment')!r}")
-  if config.experiment in LM_EXPERIMENTS:
-    validate_lm(config, check_data)
-    return validate_baselines(config) if config.experiment == "baselines" else None
-  cfg = model_config(config)
-  task = dictionary_task(config)
+def _resolve_dictionary(config) -> Experiment:
+  """The dictionary-lookup experiment: task, arms, curriculum against the packs, evaluation, mesh."""
+  cfg = _model_config(config)
+  task = _dictionary_task(config)
   if cfg.vocab_size < task.vocab_size:
     raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the task vocabulary "
                      f"({task.vocab_size} tokens); raise model.overrides.vocab_size")
-  if not cfg.mem_layers:
-    raise ValueError("model.mem_layers: FoT needs at least one memory layer")
-  arms = {arm: dictionary_arm(config, arm) for arm in ("fot", "baseline")}
-  ts = {arm: train_settings(config, arm) for arm in arms}  # each arm's training fields checked
+  arms = {arm: DictionaryArm.from_section(config[arm], arm) for arm in ("fot", "baseline")}
+  ts = {arm: _train_settings(config, arm) for arm in arms}  # each arm's training fields checked
   for arm, a in arms.items():
     if task.doc_len % a.window:
       raise ValueError(f"{arm}.window={a.window} must divide the document length {task.doc_len}")
   fot, base = arms["fot"], arms["baseline"]
   if fot.disjoint_keys:
     task.check_disjoint(fot.slots, "fot.slots")
-  sched = Schedule(config.fot.curriculum)
-  warmup = copy_warmup(config)
+  curriculum = _plain(config.fot.curriculum)
+  sched = Schedule(curriculum)
+  warmup = _copy_warmup(config)
   known = {"dictionary", "copy"} if warmup.enabled else {"dictionary"}
   bad = sorted({str(t) for t in sched.tasks() if t is not None and t not in known})
   if bad:
@@ -236,94 +237,182 @@ def validate(config, check_data: bool = True) -> None:
   for spec in sched.all_specs():  # every plan of the schedule must be buildable
     crossbatch.plan_from_spec(rows // accum, spec)
   crossbatch.scored_rows(rows, pack, ts["fot"].loss_on)
-  validate_mesh(config, cfg, rows // accum, ts["fot"].crossbatch_scope)
-  for m in dictionary_eval_settings(config).memory_tokens:
+  validate_mesh(ts["fot"].mesh, cfg, rows // accum, ts["fot"].crossbatch_scope, fot.window, "fot.window")
+  ev = DictionaryEvalSettings.from_dict(config.eval, "eval")
+  for m in ev.memory_tokens:
     if m % task.defs_len:
       raise ValueError(f"eval.memory_tokens: {m} is not a multiple of the definition block "
                        f"({task.defs_len} tokens)")
     for arm, a in arms.items():
       if m + task.queries_len > a.window and m % a.window:
         raise ValueError(f"eval.memory_tokens: {m} must be a multiple of {arm}.window={a.window}")
+  seeds = (int(config.seed),) + tuple(int(s) for s in config.get("extra_seeds", ()))
+  parts = DictionaryExperiment(task=task, arms=arms, baseline_train=ts["baseline"], eval=ev, seeds=seeds)
+  return Experiment(kind=config.experiment, model=cfg, train=ts["fot"], curriculum=curriculum, warmup=warmup,
+                    raw=config.to_dict(), dictionary=parts)
 
 
-def train_shape(config):
-  """(global rows, window, accum_steps, schedule) of one training step of an experiment."""
-  if config.experiment in LM_EXPERIMENTS:
-    d, t = lm_data_settings(config), config.train
-    return d.slots * d.windows_per_slot, d.window, int(t.get("accum_steps", 1)), Schedule(t.curriculum)
-  sched, fot = Schedule(config.fot.curriculum), dictionary_arm(config, "fot")
-  return fot.slots * sched.pack, fot.window, train_settings(config, "fot").accum_steps, sched
+def _repeat_feed(data: LMDataSettings, name: str) -> RepeatFeed:
+  v = _plain(data.repeats[name])
+  unknown = sorted(set(v) - set(REPEAT_FIELDS))
+  if unknown:
+    raise ValueError(f"data.repeats.{name}: unknown field(s) {unknown}; known: {list(REPEAT_FIELDS)}")
+  return RepeatFeed(task=str(v.get("task") or data.corpus), fraction=float(v.get("fraction", 1.0)),
+                    score_first=bool(v.get("score_first", True)))
 
 
-def validate_lm(config, check_data: bool = True) -> None:
-  """Language-model experiments (experiments/base_lm.py fields): model, optimizer,
-  curriculum against the batch shape, evaluation and the mesh. check_data: also load the
-  vocabulary, resolve the tasks and find train.init_from (off for --mode=plan, which reads
-  no data)."""
-  cfg, d, t = model_config(config), lm_data_settings(config), config.train
+def _retrieval_feed(data: LMDataSettings, name: str) -> RetrievalSpec:
+  """Retrieval documents (fields of data_pipelines.retrieval_docs.RetrievalSpec); natural-text slots
+  read the corpus unless the view names its own `text_task`."""
+  fields = _plain(data.retrieval[name])
+  if fields.get("text_slots") and not fields.get("text_task"):
+    fields["text_task"] = data.corpus
+  spec = RetrievalSpec.from_dict(fields, f"data.retrieval.{name}")
+  spec.validate(f"data.retrieval.{name}", data.windows_per_slot)
+  return spec
+
+
+def _lm_feeds(data: LMDataSettings, sched: Schedule, warmup: CopyWarmupSettings) -> Dict[Optional[str], Any]:
+  """One typed feed per task the curriculum names (None: data.task): the copy warm-up (`warmup.task`),
+  a repeat view (`data.repeats`), retrieval documents (`data.retrieval`), or an LM task by name."""
+  feeds = {}
+  for task in dict.fromkeys(sched.tasks()):
+    if task is None:
+      feeds[task] = TextFeed(data.task)
+    elif warmup.enabled and task == warmup.task:
+      feeds[task] = warmup
+    elif task in data.repeats:
+      feeds[task] = _repeat_feed(data, task)
+    elif task in data.retrieval:
+      feeds[task] = _retrieval_feed(data, task)
+    else:
+      feeds[task] = TextFeed(task)
+  return feeds
+
+
+def _corpus_views(data: LMDataSettings, feeds: Dict[Optional[str], Any], raw_data: Dict[str, Any]) -> tuple:
+  """What each text view of an LM run reads: (view, field, task, split) for the training text when a
+  phase reads it, every repeat and retrieval view the curriculum uses (a retrieval view without
+  natural-text slots reads none), and the held-out evaluation. `field` is the config field that
+  chose the task, or 'data.corpus' when the view names none."""
+  def chosen(field, value):
+    return field if value else "data.corpus"
+  out = []
+  for task, feed in feeds.items():  # in the curriculum's order
+    if task is None:
+      out.append(("training text", chosen("data.task", raw_data.get("task")), data.task, data.split))
+    elif isinstance(feed, CopyWarmupSettings):
+      continue  # random token ids, no text
+    elif isinstance(feed, RepeatFeed):
+      own = _plain(data.repeats[task]).get("task")
+      out.append((f"repeat view {task!r}", chosen(f"data.repeats.{task}.task", own), feed.task, data.split))
+    elif isinstance(feed, RetrievalSpec):
+      if feed.text_slots:
+        own = _plain(data.retrieval[task]).get("text_task")
+        out.append((f"retrieval view {task!r} text slots", chosen(f"data.retrieval.{task}.text_task", own),
+                    feed.text_task, data.split))
+    else:
+      out.append((f"curriculum task {task!r}", "train.curriculum", task, data.split))
+  out.append(("held-out evaluation", chosen("data.eval_task", raw_data.get("eval_task")), data.eval_task,
+              data.eval_split))
+  return tuple(out)
+
+
+def format_corpus_views(lm: LMExperiment) -> str:
+  """The lines a run prints at its start: the corpus, then each view and the task it reads; a view
+  reading other text than the corpus is marked, so a forgotten override shows before training."""
+  data = lm.data
+  lines = [f"data: corpus {data.corpus!r} (data.corpus); each view reads:"]
+  for view, field, task, split in lm.views:
+    mark = "" if task == data.corpus else "   <- not the corpus"
+    lines.append(f"  {view:<36} {task!r} split {split!r} ({field}){mark}")
+  if data.task != data.corpus and not any(v[0] == "training text" for v in lm.views):
+    lines.append(f"  note: data.task={data.task!r} is read by no phase of this curriculum; data.corpus sets "
+                 f"what every view reads")
+  return "\n".join(lines)
+
+
+def _resolve_lm(config, check_data: bool) -> Experiment:
+  """Language-model experiments (experiments/base_lm.py fields): model, optimizer, curriculum against
+  the batch shape, feeds, evaluation, the mesh and, for 'baselines', the arms. check_data: also load
+  the vocabulary, resolve the tasks, find train.init_from and read the held-out documents."""
+  cfg, data, t = _model_config(config), LMDataSettings.from_dict(config.data, "data"), config.train
   if check_data and t.get("init_from"):  # a file-system check: before the data's imports
     check_init_from(str(t.init_from))
+  ts = _train_settings(config, "fot")
+  curriculum = _plain(t.curriculum)
+  sched = Schedule(curriculum)
+  warmup = _copy_warmup(config)
+  feeds = _lm_feeds(data, sched, warmup)
+  lm = LMExperiment(data=data, eval=LMEvalSettings.from_dict(config.eval, "eval"), feeds=feeds,
+                    views=_corpus_views(data, feeds, _plain(config.data)),
+                    no_crossbatch=bool(config.get("baseline", {}).get("enabled", False)))
   if check_data:
     from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
-    vocab = vocab_lib.get_vocabulary(d.vocab)
+    vocab = vocab_lib.get_vocabulary(data.vocab)
     vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
-    named = [("data.corpus", d.corpus), ("data.task", d.task)]  # named, even where no phase reads it
-    for field, task in named + [(field, task) for _, field, task, _ in corpus_views(config)]:
+    named = [("data.corpus", data.corpus), ("data.task", data.task)]  # named, even where no phase reads it
+    for field, task in named + [(field, task) for _, field, task, _ in lm.views]:
       try:
         tasks.get_provider(task)
       except ValueError as e:
         raise ValueError(f"{field}={task!r}: {str(e).removeprefix('data.task: ')}") from None
-  if not cfg.mem_layers:
-    raise ValueError("model.mem_layers: FoT needs at least one memory layer")
-  train_settings(config)
-  rows, _, accum, sched = train_shape(config)
-  k = d.windows_per_slot
+  rows, k, accum = data.slots * data.windows_per_slot, data.windows_per_slot, ts.accum_steps
   if sched.pack not in (1, k):
     raise ValueError(f"train.curriculum: pack size k={sched.pack} (w + 1 or len(segments)) must equal "
                      f"data.windows_per_slot={k}")
-  if accum <= 0 or int(d.slots) % accum:
-    raise ValueError(f"train.accum_steps={accum} must divide data.slots={d.slots} "
+  if data.slots % accum:
+    raise ValueError(f"train.accum_steps={accum} must divide data.slots={data.slots} "
                      f"(gradient accumulation never splits a pack)")
   for spec in sched.all_specs():
     crossbatch.plan_from_spec(rows // accum, spec)
     rspec = recurrent.recurrent_spec(spec)  # the Memorizing Transformer / Transformer-XL phases
     if rspec is not None:
-      recurrent.check(rspec, cfg, int(d.window))
-  warmup = warmup_task_name(config)
-  warmup_phases = [p for p in sched.phases if warmup is not None and p.get("task") == warmup]
+      recurrent.check(rspec, cfg, data.window)
+  warmup_phases = [p for p in sched.phases if warmup.enabled and p.get("task") == warmup.task]
   if warmup_phases:
-    task = lm_warmup_task(config)  # copy documents: two windows of `span` tokens per slot
-    task.validate()
-    if task.vocab_size > cfg.vocab_size:
-      raise ValueError(f"warmup: symbol ids {task.symbol_offset}..{task.vocab_size - 1} do not fit the "
+    copy = lm_copy_task(warmup)  # copy documents: two windows of `span` tokens per slot
+    copy.validate()
+    if copy.vocab_size > cfg.vocab_size:
+      raise ValueError(f"warmup: symbol ids {copy.symbol_offset}..{copy.vocab_size - 1} do not fit the "
                        f"model's vocabulary of {cfg.vocab_size}")
-  copy_rows = 2 * copy_warmup(config).slots // accum  # two windows per warm-up slot
   for phase in warmup_phases:
-    crossbatch.plan_from_spec(copy_rows, phase["spec"])
-  for task in sched.tasks():
-    view = repeat_view(config, task)
-    if view and (k < 2 or not 0.0 < view["fraction"] <= 1.0):
+    crossbatch.plan_from_spec(2 * warmup.slots // accum, phase["spec"])  # two windows per warm-up slot
+  for task, feed in feeds.items():
+    if isinstance(feed, RepeatFeed) and (k < 2 or not 0.0 < feed.fraction <= 1.0):
       raise ValueError(f"data.repeats.{task}: needs data.windows_per_slot >= 2 (got {k}) and a fraction in "
-                       f"(0, 1] (got {view['fraction']})")
-  crossbatch.scored_rows(rows, k, t.loss_on)
-  resolve_trainable(t.get("trainable"), cfg)  # a pattern that matches no parameter fails here
-  lm_eval_settings(config)
-  validate_mesh(config, cfg, rows // accum, t.get("crossbatch_scope", "batch"))
+                       f"(0, 1] (got {feed.fraction})")
+  crossbatch.scored_rows(rows, k, ts.loss_on)
+  resolve_trainable(ts.trainable, cfg)  # a pattern that matches no parameter fails here
+  validate_mesh(ts.mesh, cfg, rows // accum, ts.crossbatch_scope, data.window, "data.window")
+  baselines = None
+  if config.experiment == "baselines":
+    baselines = BaselinesSettings.from_dict(config.baselines, "baselines")
+    spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": baselines.memory_tokens,
+                                     "topk": baselines.topk})
+    recurrent.check(spec, cfg, data.window)
+    if warmup.enabled:  # the copy warm-up's windows hold memory too
+      recurrent.check(spec, cfg, warmup.span)
   if check_data:  # last: it reads and tokenizes held-out documents
-    from data_pipelines import pipeline  # TensorFlow/SeqIO, as the tasks above
-    ids = vocab_lib.special_ids(vocab)
-    eval_documents(config, pipeline.document_tokens(d.eval_task, vocab, d.eval_split, seed=None), ids["bos"],
-                   ids["eos"])
+    held_out_documents(lm, vocab)
+  return Experiment(kind=config.experiment, model=cfg, train=ts, curriculum=curriculum, warmup=warmup,
+                    raw=config.to_dict(), lm=lm, baselines=baselines)
 
 
-def eval_documents(config, documents, bos: int, eos: int) -> list:
-  """The held-out documents (`bos doc eos`, stored order) the LM evaluation scores, from `documents`
-  (the held-out split's token arrays in stored order: pipeline.document_tokens(data.eval_task, vocab,
-  data.eval_split, seed=None)): eval.n_docs of them, each long enough for the largest memory size
-  plus the scored tail. validate reads them before the first step, so a held-out split too short
-  for the evaluation fails then, not after the training time is spent; the error says which sizes
-  would fit."""
-  data, ev = lm_data_settings(config), lm_eval_settings(config)
+def held_out_documents(lm: LMExperiment, vocab) -> list:
+  """The held-out documents (`bos doc eos`, stored order) the LM evaluation scores: eval.n_docs of
+  data.eval_task's split data.eval_split, each long enough for the largest memory size plus the
+  scored tail. resolve reads them before the first step, so a held-out split too short for the
+  evaluation fails then, not after the training time is spent; the error says which sizes would fit."""
+  from data_pipelines import pipeline, vocab as vocab_lib  # TensorFlow/SeqIO, as resolve's task checks
+  ids = vocab_lib.special_ids(vocab)
+  return eval_documents(lm, pipeline.document_tokens(lm.data.eval_task, vocab, lm.data.eval_split, seed=None),
+                        ids["bos"], ids["eos"])
+
+
+def eval_documents(lm: LMExperiment, documents, bos: int, eos: int) -> list:
+  """held_out_documents from `documents` (the held-out split's token arrays in stored order)."""
+  data, ev = lm.data, lm.eval
   need = perplexity.needed_length(ev.memory_tokens, ev.score_tokens)
   docs, lengths = [], []
   for doc in documents:
@@ -340,21 +429,6 @@ def eval_documents(config, documents, bos: int, eos: int) -> list:
       f"{max(ev.memory_tokens)} + eval.score_tokens {ev.score_tokens} + 1); that split has {len(lengths)} "
       f"documents" + (f", its {ev.n_docs} longest at least {fit} tokens: make max(eval.memory_tokens) + "
                       f"eval.score_tokens at most {fit - 1}, or lower eval.n_docs" if fit else ": lower eval.n_docs") + ", or set data.eval_task to longer text")
-
-
-# experiment 'baselines' (fot_jax/baselines.py): FoT first, then the paper's comparisons (BASELINE_ARMS)
-def baselines_settings(config) -> BaselinesSettings:
-  """The 'baselines' experiment's `baselines` section, typed and checked."""
-  return BaselinesSettings.from_dict(config.baselines, "baselines")
-
-
-def validate_baselines(config) -> None:
-  b = baselines_settings(config)
-  cfg, window = model_config(config), lm_data_settings(config).window
-  spec = recurrent.recurrent_spec({"memory": "memorizing", "memory_tokens": b.memory_tokens, "topk": b.topk})
-  recurrent.check(spec, cfg, window)
-  if warmup_task_name(config) is not None:  # the copy warm-up's windows hold memory too
-    recurrent.check(spec, cfg, copy_warmup(config).span)
 
 
 INIT_FROM_HINT = ("make one with `python -m fot_jax.convert import_hf --hf_dir DIR --out CKPT`, or give a "
@@ -384,9 +458,9 @@ def check_init_from(path: str) -> None:
                      f"checkpoints/STEP/ from a training run)")
 
 
-def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch") -> None:
-  """Rules, sizes, and (when no size is -1) divisibility of parameters and batch rows."""
-  mesh_cfg = config.get("mesh")
+def validate_mesh(mesh_cfg, cfg: ModelConfig, micro_rows: int, scope: str, window: int, window_field: str) -> None:
+  """Rules, sizes, and (when no size is -1) divisibility of parameters, the window over the context
+  axis (`window_field` names it) and batch rows."""
   rules = parallel.rules_from_config(mesh_cfg)
   sizes = {a: int(mesh_cfg.get(a, 1)) for a in parallel.AXES} if mesh_cfg else {}
   if list(sizes.values()).count(-1) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
@@ -398,9 +472,7 @@ def validate_mesh(config, cfg: ModelConfig, micro_rows: int, scope: str = "batch
   dcn = {a: int(mesh_cfg.get(f"dcn_{a}", 1)) for a in parallel.AXES}
   context = sizes["context"] * dcn["context"]
   if context > 1:  # the window is split over `context` in the layout's chunks
-    window = train_shape(config)[1]
-    context_parallel.check_length(window, context, cfg.context_layout,
-                                  "data.window" if config.experiment in LM_EXPERIMENTS else "fot.window")
+    context_parallel.check_length(window, context, cfg.context_layout, window_field)
     context_parallel.check_heads(cfg.context_parallel, cfg.num_heads, cfg.kv_heads, context,
                                  sizes["tensor"] * dcn["tensor"])
   shape = types.SimpleNamespace(shape={a: sizes[a] * dcn[a] for a in parallel.AXES})

@@ -18,7 +18,8 @@ from ml_collections import config_flags  # noqa: E402
 import jax  # noqa: E402  (imported only: no backend starts before --mode=plan's fake devices are set)
 from absl import logging  # noqa: E402
 
-from fot_jax import cli, configs, parallel, plan, runs  # noqa: E402
+from fot_jax import cli, configs, parallel, plan  # noqa: E402
+from fot_jax.runners import dictionary  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (one get_config()).",
                                           lock_config=True)
@@ -111,12 +112,12 @@ def _main():
         if not given:
           _REMOVE_AT_END.append(plan_dump)
         os.environ["XLA_FLAGS"] += f" --xla_dump_to={plan_dump} --xla_dump_hlo_as_text"
-    configs.validate(config, check_data=_MODE.value != "plan")  # a plan reads no data
+    exp = configs.resolve(config, check_data=_MODE.value != "plan")  # a plan reads no data
   except ValueError as e:
     raise ValueError(f"config error: {e}") from e
   if _MODE.value == "plan":
     try:
-      p = plan.plan(config, plan_dump, _PLAN_TOP.value)
+      p = plan.plan(exp, plan_dump, _PLAN_TOP.value)
     except ValueError as e:
       raise ValueError(f"config error: {e}") from e
     print(plan.format_plan(p), flush=True)
@@ -124,15 +125,12 @@ def _main():
       plan.write_plan_json(_PLAN_JSON.value, p, sys.argv)
     return
   parallel.initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  if config.experiment == "dictionary_lookup":
-    runs.run_dictionary_lookup(config, _WORKDIR.value, train=_MODE.value == "train")
+  train = _MODE.value == "train"
+  if exp.kind == "dictionary_lookup":
+    dictionary.run(exp, _WORKDIR.value, train=train)
   else:  # the LM experiments read SeqIO data: TensorFlow loads here, not for the dictionary task
-    from fot_jax import baselines, lm_runs
-    if config.experiment == "lm":
-      lm_runs.run_lm(config, _WORKDIR.value, train=_MODE.value == "train")
-    elif config.experiment == "baselines":
-      baselines.run_baselines(config, _WORKDIR.value, train=_MODE.value == "train")
-
+    from fot_jax.runners import baselines, lm
+    (lm.run if exp.kind == "lm" else baselines.run)(exp, _WORKDIR.value, train=train)
 
 if __name__ == "__main__":
   app.run(main, flags_parser=cli.flag_parser("fot_jax.main"))

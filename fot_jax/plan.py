@@ -82,14 +82,12 @@ def model_flops(cfg, params, rows: int, window: int, live_sources: int) -> float
   return 6.0 * matmul * rows * window + local + extra
 
 
-def plan(config, dump_dir: str | None = None, top: int = 10) -> dict:
-  """What one train step of `config` costs on its mesh. dump_dir: the folder XLA_FLAGS'
+def plan(exp: configs.Experiment, dump_dir: str | None = None, top: int = 10) -> dict:
+  """What one FoT train step of the experiment costs on its mesh. dump_dir: the folder XLA_FLAGS'
   --xla_dump_to names (set before jax starts), to list the `top` largest buffers live at the peak."""
-  cfg = configs.model_config(config)
-  rows, window, accum, schedule = configs.train_shape(config)
-  mesh_cfg = config.get("mesh")
-  mesh, rules = parallel.make_mesh(mesh_cfg), parallel.rules_from_config(mesh_cfg)
-  ts = configs.train_settings(config, "fot")  # the step planned is FoT's: a dictionary run's `fot` section
+  cfg, ts, schedule = exp.model, exp.train, exp.schedule()  # FoT's step: a dictionary run's `fot` section
+  rows, window, accum = exp.train_shape()
+  mesh, rules = parallel.make_mesh(ts.mesh), parallel.rules_from_config(ts.mesh)
   optimizer = make_optimizer(ts.optim)
   trainable = resolve_trainable(ts.trainable, cfg)
   state_shardings(cfg, optimizer, mesh, rules, trainable)  # indivisible parameters fail before the batch check

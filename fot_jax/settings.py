@@ -6,7 +6,7 @@ entry points and the study's config checks use it before anything heavy loads.
                  cosine learning-rate schedule (fot_jax.train.make_optimizer builds it).
   TrainSettings  one training run (fot_jax.train.train takes it): steps, optimiser, seed, scoring,
                  accumulation, cadences, init_from, mesh, crossbatch scope, trainable parameters;
-                 each runner builds it from its experiment's sections (runs, lm_runs, the study).
+                 configs.resolve builds it from the experiment's sections, the study from its fine-tune's.
   LMDataSettings an LM experiment's `c.data`: the corpus and the views that read it, vocabulary and
                  slot batch shape.
   LMEvalSettings an LM experiment's `c.eval`: perplexity against memory size.
@@ -214,7 +214,7 @@ class LMDataSettings:
   dropped, longer than max_doc_len truncated (0: never). Every text view reads the corpus unless it
   names its own: `task` (the training text, split `split`), `eval_task` (the held-out documents of
   the evaluation, split `eval_split`), a repeat view's `task` and a retrieval view's `text_task`
-  (fot_jax.configs.repeat_view / retrieval_view; `configs.corpus_views` lists what each reads).
+  (configs.resolve makes each a typed feed; `Experiment.lm.views` lists what each reads).
   '' (or absent) means the corpus; an experiment that sets only `task` (files written before the
   corpus field) has that task as its corpus. `repeats` and `retrieval` name extra curriculum tasks."""
   vocab: str

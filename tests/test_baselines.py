@@ -1,4 +1,4 @@
-"""Experiment 'baselines': the arms' curricula and one end-to-end run (fot_jax/baselines.py; Transformer-XL's
+"""Experiment 'baselines': the arms' curricula and one end-to-end run (fot_jax/runners/baselines.py; Transformer-XL's
 training and inference paths are tested in test_recurrent_memory.py)."""
 import dataclasses
 import json
@@ -6,7 +6,8 @@ import json
 import pytest
 
 from experiments import baselines_stdlib
-from fot_jax import baselines, configs
+from fot_jax import configs
+from fot_jax.runners import baselines
 from fot_jax.settings import BaselinesSettings
 
 B = BaselinesSettings.from_dict({"arms": ("fot", "memorizing", "hybrid"), "seeds": (0,), "memory_tokens": 256,
@@ -37,23 +38,23 @@ def test_bad_arms_are_named():
   c = baselines_stdlib.get_test_config()
   c.baselines.arms = ("memorizing", "fot")
   with pytest.raises(ValueError, match="baselines.arms"):
-    configs.validate_baselines(c)
+    configs.resolve(c, check_data=False)
   c = baselines_stdlib.get_test_config()
   c.baselines.memory_tokens = 100
   with pytest.raises(ValueError, match="multiple of the window"):
-    configs.validate_baselines(c)
+    configs.resolve(c, check_data=False)
   c = baselines_stdlib.get_test_config()
   c.baselines.seeds = (0, 1)  # the file's extra_seed_arms name arms this run leaves out: allowed
-  configs.validate_baselines(c)
+  configs.resolve(c, check_data=False)
   for extra in (("memorizing",), ("fot", "memorising")):  # FoT missing; a misspelt arm
     c.baselines.extra_seed_arms = extra
     with pytest.raises(ValueError, match="baselines.extra_seed_arms"):
-      configs.validate_baselines(c)
+      configs.resolve(c, check_data=False)
 
 
 def test_run_trains_every_arm_and_writes_the_table(tmp_path):
   c = baselines_stdlib.get_test_config()
-  out = baselines.run_baselines(c, str(tmp_path))
+  out = baselines.run(configs.resolve(c), str(tmp_path))
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["complete"] and saved["memory_tokens"] == [0, 64]
   assert sorted(saved["perplexity"]) == ["fot", "hybrid"]

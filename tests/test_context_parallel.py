@@ -67,10 +67,10 @@ def test_experiment_window_must_split_over_the_context_axis():
   assert config.mesh.context == 8 and config.data.window == 32768
   config.data.window = 32768 - 8
   with pytest.raises(ValueError, match="data.window: 32760 tokens do not split into 16 equal chunks"):
-    configs.validate(config, check_data=False)
+    configs.resolve(config, check_data=False)
   config.data.window = 32768
   config.model.overrides.context_parallel = "ulysses"
-  configs.validate(config, check_data=False)  # 32 kv heads (MHA) / tensor=2: 16 per shard split over 8
+  configs.resolve(config, check_data=False)  # 32 kv heads (MHA) / tensor=2: 16 per shard split over 8
   config.model.overrides.num_kv_heads, config.mesh.tensor, config.mesh.fsdp = 8, 8, 2
   with pytest.raises(ValueError, match="ulysses.*neither 1 kv heads nor 4 query heads per tensor shard"):
-    configs.validate(config, check_data=False)
+    configs.resolve(config, check_data=False)

@@ -6,7 +6,7 @@ import pytest
 
 from data_pipelines import sources, vocab
 from experiments import smollm2_fot, smollm2_retrieval, stdlib_lm_tiny
-from fot_jax import configs, lm_runs
+from fot_jax import configs
 
 MINE = "jsonl:/data/my_corpus.jsonl"
 
@@ -19,7 +19,8 @@ MINE = "jsonl:/data/my_corpus.jsonl"
 def test_one_override_moves_every_view_to_your_corpus(make):
   config = make()
   config.data.corpus = MINE
-  views = configs.corpus_views(config)
+  lm = configs.resolve(config, check_data=False).lm
+  views = lm.views
   assert views[-1][0] == "held-out evaluation" and views[-1][3] == "validation"
   for view, field, task, _ in views:
     if task == "stdlib_passkey":  # stdlib_lm_tiny's passkey view names its own mixture
@@ -27,7 +28,7 @@ def test_one_override_moves_every_view_to_your_corpus(make):
       continue
     assert (task, field) == (MINE, "data.corpus"), view
   # what a run prints first: the corpus, then every view with what it reads
-  text = configs.format_corpus_views(config)
+  text = configs.format_corpus_views(lm)
   assert text.splitlines()[0] == f"data: corpus {MINE!r} (data.corpus); each view reads:"
   assert len(text.splitlines()) == len(views) + 1
   assert ("<- not the corpus" in text) == any(t != MINE for _, _, t, _ in views)
@@ -37,22 +38,24 @@ def test_a_view_that_names_its_own_text_and_an_unread_task_show_at_the_start():
   config = smollm2_fot.get_config()
   config.data.corpus, config.data.eval_task = MINE, "stdlib"
   config.data.repeats.mixed.task = "stdlib"
-  views = {v[0]: v for v in configs.corpus_views(config)}
+  lm = configs.resolve(config, check_data=False).lm
+  views = {v[0]: v for v in lm.views}
   assert views["repeat view 'repeat'"][1:3] == ("data.corpus", MINE)
   assert views["repeat view 'mixed'"][1:3] == ("data.repeats.mixed.task", "stdlib")
   assert views["held-out evaluation"][1:3] == ("data.eval_task", "stdlib")
-  assert configs.format_corpus_views(config).count("<- not the corpus") == 2
+  assert configs.format_corpus_views(lm).count("<- not the corpus") == 2
   # the way docs used to say (data.task): no phase of this curriculum reads it, and the run says so
   config = smollm2_fot.get_config()
   config.data.task = MINE
-  assert "note: data.task='jsonl:/data/my_corpus.jsonl' is read by no phase" in configs.format_corpus_views(config)
+  assert "note: data.task='jsonl:/data/my_corpus.jsonl' is read by no phase" in configs.format_corpus_views(
+      configs.resolve(config, check_data=False).lm)
 
 
 def test_an_experiment_without_text_fails_naming_the_corpus_field():
   config = stdlib_lm_tiny.get_config()
   config.data.corpus = ""
   with pytest.raises(ValueError, match=r"data\.corpus: required"):
-    configs.lm_data_settings(config)
+    configs.resolve(config, check_data=False)
 
 
 def jsonl_corpus(path, held_out_lengths, train_docs=24):
@@ -83,8 +86,8 @@ def test_held_out_documents_too_short_for_the_evaluation_fail_before_training(tm
   with pytest.raises(ValueError, match=r"eval: 1 of the eval.n_docs=2 held-out documents of 'jsonl:.*mine.jsonl' "
                                        r"split 'validation' have the 161 tokens .* its 2 longest at least 102 tokens: make "
                                        r"max\(eval.memory_tokens\) \+ eval.score_tokens at most 101"):
-    configs.validate(config)
+    configs.resolve(config)
   config.eval.memory_tokens, config.eval.score_tokens = (0, 64), 32  # 64 + 32 + 1 <= 102: it fits
-  configs.validate(config)
-  docs = lm_runs.eval_documents(config, vocab.get_vocabulary("byte"))
+  exp = configs.resolve(config)
+  docs = configs.held_out_documents(exp.lm, vocab.get_vocabulary("byte"))
   assert sorted(len(d) for d in docs) == [102, 302]

@@ -7,7 +7,8 @@ import pytest
 
 from data_pipelines.slots import SlotBatcher
 from experiments import stdlib_lm_tiny
-from fot_jax import configs, lm_runs
+from fot_jax import configs
+from fot_jax.runners import lm
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import get_size
 from fot_jax.train import train
@@ -83,8 +84,7 @@ def test_curriculum_over_two_pipelines_resumes_each_position(tmp_path):
 
 def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
   config = stdlib_lm_tiny.get_test_config()
-  configs.validate(config)
-  results = lm_runs.run_lm(config, str(tmp_path))
+  results = lm.run(configs.resolve(config), str(tmp_path))
   saved = json.loads((tmp_path / "results.json").read_text())
   for arm in ("fot", "no_crossbatch"):
     assert saved[arm]["memory_tokens"] == [0, 64, 128]
@@ -118,7 +118,7 @@ def test_lm_validate_names_the_problem(field, value, message):
   config = stdlib_lm_tiny.get_config()
   config.update_from_flattened_dict({field: value})
   with pytest.raises(ValueError, match=message):
-    configs.validate(config)
+    configs.resolve(config)
 
 
 def test_shared_context_perplexity_equals_a_pass_per_memory_size():

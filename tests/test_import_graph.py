@@ -23,13 +23,14 @@ PACKAGES = ("fot_jax", "data_pipelines")
 LAZY_IMPORTS = {
     ("fot_jax", "from_pretrained", "fot_jax.convert.api"):
         "`import fot_jax.x` runs the package's __init__ first: it must not load JAX for every submodule",
-    ("fot_jax.main", "_main", "fot_jax.baselines"):
+    ("fot_jax.main", "_main", "fot_jax.runners.baselines"):
         "the LM experiments' SeqIO data loads TensorFlow; the dictionary task and --mode=plan do without",
-    ("fot_jax.main", "_main", "fot_jax.lm_runs"): "as fot_jax.baselines: TensorFlow for the LM experiments only",
-    ("fot_jax.configs", "validate_lm", "data_pipelines.tasks"):
+    ("fot_jax.main", "_main", "fot_jax.runners.lm"): "as fot_jax.runners.baselines: TensorFlow for the LM experiments only",
+    ("fot_jax.configs", "_resolve_lm", "data_pipelines.tasks"):
         "TensorFlow/SeqIO: only an LM config's data check needs the tasks and the vocabulary",
-    ("fot_jax.configs", "validate_lm", "data_pipelines.vocab"): "as data_pipelines.tasks",
-    ("fot_jax.configs", "validate_lm", "data_pipelines.pipeline"): "as data_pipelines.tasks (held-out documents)",
+    ("fot_jax.configs", "_resolve_lm", "data_pipelines.vocab"): "as data_pipelines.tasks",
+    ("fot_jax.configs", "held_out_documents", "data_pipelines.pipeline"): "as data_pipelines.tasks (held-out documents)",
+    ("fot_jax.configs", "held_out_documents", "data_pipelines.vocab"): "as data_pipelines.tasks",
     ("fot_jax.convert.api", "vocabulary", "data_pipelines.vocab"):
         "TensorFlow/SeqIO: a loaded model needs a vocabulary only for text in or out, not to load",
     ("fot_jax.convert.verify", "verify_export", "fot_jax.convert.torch_reference"):

@@ -6,13 +6,14 @@ import sys
 import pytest
 
 from experiments import dictionary_lookup
-from fot_jax import configs, runs
+from fot_jax import configs
+from fot_jax.runners import dictionary
 
 
 def test_dictionary_job_writes_results_and_plot(tmp_path):
   config = dictionary_lookup.get_test_config()
-  configs.validate(config)
-  results = runs.run_dictionary_lookup(config, str(tmp_path))
+  exp = configs.resolve(config)
+  results = dictionary.run(exp, str(tmp_path))
   saved = json.loads((tmp_path / "results.json").read_text())
   for arm in ("fot", "fot_seed1", "baseline"):
     assert saved[arm]["memory_tokens"] == [256, 1024, 2048]
@@ -34,7 +35,7 @@ def test_dictionary_job_writes_results_and_plot(tmp_path):
   assert (tmp_path / "dictionary_lookup.png").stat().st_size > 1000
   assert (tmp_path / "fot" / "metrics.jsonl").exists()
   # Running again resumes from the checkpoints (finished curricula) instead of training again.
-  again = runs.run_dictionary_lookup(config, str(tmp_path))
+  again = dictionary.run(exp, str(tmp_path))
   assert again["fot"]["accuracy"] == results["fot"]["accuracy"]
   assert again["fot"]["train_steps"] == 6 and again["fot"]["phases"] == saved["fot"]["phases"]
 
@@ -59,7 +60,7 @@ def test_validate_names_the_bad_field(field, value, message):
     node = node[p]
   node[leaf] = value
   with pytest.raises(ValueError, match=message):
-    configs.validate(config)
+    configs.resolve(config)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -71,11 +72,11 @@ def test_lm_warmup_errors_name_the_field(field, value, message):
   config = stdlib_lm_tiny.get_config()
   config.warmup[field.split(".")[1]] = value
   with pytest.raises(ValueError, match=message):
-    configs.validate(config, check_data=False)
+    configs.resolve(config, check_data=False)
   # A curriculum that never names the warm-up (a constant d) is still a valid LM config.
   config = stdlib_lm_tiny.get_config()
   config.train.curriculum = {"kind": "constant", "spec": {"d": 8, "w": 1}}
-  configs.validate(config, check_data=False)
+  configs.resolve(config, check_data=False)
 
 
 def test_cli_reports_config_errors_without_traceback(tmp_path):

@@ -225,12 +225,12 @@ def test_bad_specs_name_the_field():
 def test_experiment_config_validates_and_names_its_tasks():
   from experiments import smollm2_retrieval
   config = smollm2_retrieval.get_config()
-  configs.validate(config, check_data=False)
-  assert [configs.retrieval_view(config, p["task"]).doc_windows for p in config.train.curriculum.phases] == [2, 4, 8]
-  assert configs.model_config(config).mem_layers == smollm2_retrieval.MEM_LAYERS
+  exp = configs.resolve(config, check_data=False)
+  assert [exp.lm.feeds[p["task"]].doc_windows for p in config.train.curriculum.phases] == [2, 4, 8]
+  assert exp.model.mem_layers == smollm2_retrieval.MEM_LAYERS
   lookalike = smollm2_retrieval.get_config("lookalike")  # `--config=...smollm2_retrieval.py:lookalike`
-  configs.validate(lookalike, check_data=False)
-  assert [configs.retrieval_view(lookalike, p["task"]).doc_windows for p in lookalike.train.curriculum.phases] == [2, 4, 4]
-  assert configs.retrieval_view(lookalike, "far").shared_shape == 0.5 and lookalike.data.window == 128
+  feeds = configs.resolve(lookalike, check_data=False).lm.feeds
+  assert [feeds[p["task"]].doc_windows for p in lookalike.train.curriculum.phases] == [2, 4, 4]
+  assert feeds["far"].shared_shape == 0.5 and lookalike.data.window == 128
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")

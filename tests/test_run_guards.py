@@ -84,14 +84,15 @@ def test_evaluate_refuses_a_workdir_with_no_restorable_step(tmp_path):
   """--mode=evaluate (train=False) on an arm whose checkpoints folder holds only a half-written
   save: one error naming the folder and what it holds, no freshly initialised model evaluated."""
   from experiments import dictionary_lookup
-  from fot_jax import runs
-  config = dictionary_lookup.get_test_config()
+  from fot_jax import configs
+  from fot_jax.runners import dictionary
+  exp = configs.resolve(dictionary_lookup.get_test_config())
   (tmp_path / "fot" / "checkpoints" / "6.orbax-checkpoint-tmp-1").mkdir(parents=True)
   with pytest.raises(NoCheckpoint, match=r"--mode=evaluate: nothing to evaluate for arm 'fot': .*fot/checkpoints: "
                                          r"no restorable checkpoint step \(it holds only 6\.orbax-checkpoint-tmp-1\)"):
-    runs.run_dictionary_lookup(config, str(tmp_path), train=False)
+    dictionary.run(exp, str(tmp_path), train=False)
   with pytest.raises(NoCheckpoint, match=r"the folder does not exist"):
-    runs.run_dictionary_lookup(config, str(tmp_path / "never_trained"), train=False)
+    dictionary.run(exp, str(tmp_path / "never_trained"), train=False)
   assert not (tmp_path / "never_trained" / "fot" / "checkpoints").exists()  # evaluation creates nothing
 
 

@@ -40,15 +40,16 @@ def test_train_settings_name_the_bad_field(fields, message):
 
 
 def test_train_settings_of_an_experiment_are_read_once_from_its_sections():
-  """configs.train_settings: the dictionary arms' and an LM run's settings, typed; validate() fails on
-  a bad one naming the section it sits in."""
+  """configs.resolve: the dictionary arms' training settings, typed; it fails on a bad one naming the
+  section it sits in."""
   config = dictionary_lookup.get_config()
-  fot, base = configs.train_settings(config, "fot"), configs.train_settings(config, "baseline", 3, 7)
+  exp = configs.resolve(config)
+  fot, base = exp.train, exp.dictionary.baseline_train
   assert (fot.steps, fot.seed, fot.loss_on, fot.optim.lr) == (config.fot.steps, 0, "last", config.optim.lr)
-  assert (base.steps, base.seed, base.loss_on) == (7, 3, config.baseline.get("loss_on", "all"))
+  assert (base.steps, base.seed, base.loss_on) == (0, 0, config.baseline.get("loss_on", "all"))
   config.baseline.crossbatch_scope = "host"
   with pytest.raises(ValueError, match=r"^baseline\.crossbatch_scope"):
-    configs.validate(config)
+    configs.resolve(config)
 
 
 def test_every_reader_of_optim_settings_is_the_one_validator():
@@ -57,11 +58,11 @@ def test_every_reader_of_optim_settings_is_the_one_validator():
   config = dictionary_lookup.get_config()
   config.optim.b1 = 1.5
   with pytest.raises(ValueError, match=r"^optim\.b1: must be in \[0, 1\)"):
-    configs.validate(config)
+    configs.resolve(config)
   study = ml_collections.ConfigDict({"finetune": {"steps": 2, "length": 64, "slots": 2, "task": "stdlib",
                                              "optim": {"lr": 1e-3, "b1": 1.5}}})
   with pytest.raises(ValueError, match=r"^study method 'm': finetune\.optim\.b1: must be in \[0, 1\)"):
-    study_config.finetune_settings(study, {"name": "m", "finetune": True})
+    study_config.MethodSpec.from_dict({"name": "m", "finetune": True}, study.finetune)
   with pytest.raises(ValueError, match=r"^optim\.b1: must be in \[0, 1\)"):
     make_optimizer({"lr": 1e-3, "b1": 1.5})
 
@@ -125,11 +126,11 @@ def test_fingerprints_recorded_before_the_typed_settings_still_match():
 def test_an_lm_experiments_eval_section_is_read_once(field, value, message):
   from experiments import stdlib_lm_tiny
   config = stdlib_lm_tiny.get_config()
-  ev = configs.lm_eval_settings(config)
+  ev = configs.resolve(config, check_data=False).lm.eval
   assert ev.memory_tokens == tuple(config.eval.memory_tokens) and ev.score_tokens == config.eval.score_tokens
   config.eval[field] = value
   with pytest.raises(ValueError, match=message):
-    configs.validate(config, check_data=False)
+    configs.resolve(config, check_data=False)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -140,69 +141,74 @@ def test_an_lm_experiments_eval_section_is_read_once(field, value, message):
 def test_an_lm_experiments_data_section_is_read_once(field, value, message):
   from experiments import stdlib_lm_tiny
   config = stdlib_lm_tiny.get_config()
-  d = configs.lm_data_settings(config)
+  exp = configs.resolve(config, check_data=False)
+  d = exp.lm.data
   assert (d.corpus, d.slots, d.windows_per_slot, d.window) == (config.data.corpus, config.data.slots,
                                                                config.data.windows_per_slot, config.data.window)
   assert d.task == d.eval_task == d.corpus  # the file names its text once: every view reads the corpus
-  assert configs.train_shape(config)[:2] == (d.slots * d.windows_per_slot, d.window)
-  with pytest.raises(ValueError, match=message):
-    configs.lm_data_settings(ml_collections.ConfigDict({"data": dict(config.data.to_dict(), **{field: value})}))
-  with pytest.raises(ValueError, match=r"data: unknown field\(s\) \['windows'\]"):
-    configs.lm_data_settings(ml_collections.ConfigDict({"data": dict(config.data.to_dict(), windows=2)}))
+  assert exp.train_shape()[:2] == (d.slots * d.windows_per_slot, d.window)
+  for fields, error in (({field: value}, message), ({"windows": 2}, r"data: unknown field\(s\) \['windows'\]")):
+    bad = stdlib_lm_tiny.get_config()
+    bad.data = ml_collections.ConfigDict(dict(config.data.to_dict(), **fields))
+    with pytest.raises(ValueError, match=error):
+      configs.resolve(bad, check_data=False)
 
 
 def test_the_dictionary_experiments_sections_are_read_once():
   """The demo's arms and evaluation, typed: the values the runner uses, and errors naming the field."""
   config = dictionary_lookup.get_config()
-  fot, base = configs.dictionary_arm(config, "fot"), configs.dictionary_arm(config, "baseline")
+  exp = configs.resolve(config)
+  fot, base = exp.dictionary.arms["fot"], exp.dictionary.arms["baseline"]
   assert (fot.window, fot.slots, fot.disjoint_keys) == (config.fot.window, config.fot.slots, True)
   assert (base.window, base.enabled, base.disjoint_keys) == (config.baseline.window, True, False)
-  ev = configs.dictionary_eval_settings(config)
+  ev = exp.dictionary.eval
   assert ev.memory_tokens == tuple(config.eval.memory_tokens) and ev.rd_ds == tuple(config.eval.rd_ds)
-  assert configs.train_shape(config)[:2] == (fot.slots * 2, fot.window)  # packs of 2 windows of 32
+  assert exp.train_shape()[:2] == (fot.slots * 2, fot.window)  # packs of 2 windows of 32
   for section, field, value, message in (("fot", "slots", 0, r"fot\.slots: must be positive"),
                                          ("eval", "chunk", 0, r"eval\.chunk: must be positive"),
                                          ("eval", "mode", "ivf", r"eval\.mode: must be 'dense' or 'topk'")):
     bad = dictionary_lookup.get_config()
     bad[section][field] = value
     with pytest.raises(ValueError, match=message):
-      configs.validate(bad)
+      configs.resolve(bad)
 
 
 def test_the_copy_warmup_is_read_once_for_either_experiment():
   """c.warmup, typed: the LM run's span / slots / ids, the dictionary's ids; off without a section."""
   from experiments import stdlib_lm_tiny
   lm = stdlib_lm_tiny.get_config()
-  w = configs.copy_warmup(lm)
+  exp = configs.resolve(lm, check_data=False)
+  w = exp.warmup
+  assert exp.lm.feeds[w.task] is w  # the curriculum's copy phases read the warm-up
   assert (w.enabled, w.task, w.span, w.slots, w.symbol_offset, w.distinct) == (
       True, lm.warmup.task, lm.warmup.span, lm.warmup.slots, lm.warmup.symbol_offset, True)
-  task = configs.lm_warmup_task(lm, "baseline")
+  task = configs.lm_copy_task(w, "baseline")
   assert (task.span, task.chunks, task.num_symbols) == (w.span, lm.warmup.baseline_chunks, w.num_symbols)
   del lm.warmup
-  assert configs.warmup_task_name(lm) is None and not configs.copy_warmup(lm).enabled
+  assert not configs.resolve(lm, check_data=False).warmup.enabled
   dl = dictionary_lookup.get_config()
-  assert configs.copy_warmup(dl).num_symbols == dl.warmup.num_symbols
+  assert configs.resolve(dl).warmup.num_symbols == dl.warmup.num_symbols
   for config, field, value, message in ((stdlib_lm_tiny.get_config(), "slots", 0, r"warmup\.slots: required"),
                                         (stdlib_lm_tiny.get_config(), "baseline_chunks", 0,
                                          r"warmup\.baseline_chunks: must be positive"),
                                         (dictionary_lookup.get_config(), "spans", 2, r"warmup: unknown field")):
     config.warmup[field] = value
     with pytest.raises(ValueError, match=message):
-      configs.validate(config, check_data=False)
+      configs.resolve(config, check_data=False)
   off = stdlib_lm_tiny.get_config()
   off.warmup.enabled, off.warmup.slots = False, 0  # a switched-off warm-up needs no shape
-  assert configs.warmup_task_name(off) is None
+  assert not configs.resolve(off, check_data=False).warmup.enabled
 
 
 def test_the_baselines_section_is_read_once():
   """c.baselines, typed: which arms each seed trains, and errors naming the field."""
   from experiments import baselines_stdlib
   config = baselines_stdlib.get_config()
-  b = configs.baselines_settings(config)
+  b = configs.resolve(config, check_data=False).baselines
   assert b.arms_of_seed(b.seeds[0]) == tuple(config.baselines.arms)
   config.baselines.extra_seed_arms = ("fot", "plain", "hybrid")  # hybrid: not in this run
   config.baselines.arms = ("fot", "memorizing", "plain")
-  assert configs.baselines_settings(config).arms_of_seed(1) == ("fot", "plain")
+  assert configs.resolve(config, check_data=False).baselines.arms_of_seed(1) == ("fot", "plain")
   for field, value, message in (("suites", ("rd", "ppl"), r"baselines\.suites: any of \('rd', 'passkey'\)"),
                                 ("hybrid_steps", 0, r"baselines\.hybrid_steps: must be positive"),
                                 ("topk", -1, r"baselines\.topk: must be >= 0"),
@@ -210,4 +216,4 @@ def test_the_baselines_section_is_read_once():
     bad = baselines_stdlib.get_test_config()
     bad.baselines[field] = value
     with pytest.raises(ValueError, match=message):
-      configs.validate(bad, check_data=False)
+      configs.resolve(bad, check_data=False)

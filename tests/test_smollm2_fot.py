@@ -8,7 +8,8 @@ import numpy as np
 from flax import traverse_util
 
 from experiments import smollm2_fot
-from fot_jax import configs, lm_runs
+from fot_jax import configs
+from fot_jax.runners import lm
 from fot_jax import checkpoint
 from fot_jax.convert import export_hf
 from fot_jax.model.init import init_params
@@ -22,14 +23,13 @@ def test_smollm2_fot_tiny_end_to_end(tmp_path, capsys):
   ck = str(tmp_path / "ck")
   config = smollm2_fot.get_test_config(ck)
   config.data.corpus = mine = jsonl_corpus(tmp_path / "mine.jsonl", [600, 600])
-  cfg = configs.model_config(config)
+  cfg = configs.resolve(config, check_data=False).model
   imported = cfg.__class__(**{**cfg.__dict__, "mem_layers": ()})  # an import has no memory layers
   rng = np.random.default_rng(0)  # random weights straight from NumPy: no init to compile
   before = jax.tree_util.tree_map(lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32),
                                   jax.eval_shape(lambda: init_params(imported, 0)))
   checkpoint.save(ck, before, imported, window=64, tokenizer=make_tokenizer(str(tmp_path / "tok")))
-  configs.validate(config)
-  results = lm_runs.run_lm(config, str(tmp_path / "run"))
+  results = lm.run(configs.resolve(config), str(tmp_path / "run"))
   saved = json.loads((tmp_path / "run" / "results.json").read_text())
   start = capsys.readouterr().out.split("data: corpus ", 1)[1].splitlines()
   assert start[0] == f"{mine!r} (data.corpus); each view reads:"
@@ -59,8 +59,7 @@ def test_smollm2_fot_config_is_the_import_plus_memory_layers():
   """The full config: SmolLM2-135M's architecture (as import_gguf writes it) with memory layers
   8/16/24, 'first' positions, LongLLaMA's plan, memory attention trained (validated without data)."""
   config = smollm2_fot.get_config()
-  configs.validate(config, check_data=False)
-  cfg = configs.model_config(config)
+  cfg = configs.resolve(config, check_data=False).model
   assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.kv_heads,
           cfg.rope_theta, cfg.tie_embeddings) == (49152, 576, 1536, 30, 9, 3, 1e5, True)
   assert cfg.mem_layers == (8, 16, 24) and cfg.mem_positions == "first"

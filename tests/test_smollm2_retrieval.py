@@ -10,7 +10,8 @@ from flax import traverse_util
 
 import fot_jax
 from experiments import smollm2_retrieval
-from fot_jax import configs, lm_runs
+from fot_jax import configs
+from fot_jax.runners import lm
 from fot_jax import checkpoint
 from fot_jax.eval import retrieval, ruler
 from fot_jax.model.init import init_params
@@ -20,14 +21,13 @@ from tests.test_vocab_hf import make_tokenizer
 def test_smollm2_retrieval_tiny_end_to_end(tmp_path):
   ck = str(tmp_path / "ck")
   config = smollm2_retrieval.get_test_config(ck)
-  cfg = configs.model_config(config)
+  cfg = configs.resolve(config, check_data=False).model
   imported = cfg.__class__(**{**cfg.__dict__, "mem_layers": ()})
   rng = np.random.default_rng(0)
   before = jax.tree_util.tree_map(lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32),
                                   jax.eval_shape(lambda: init_params(imported, 0)))
   checkpoint.save(ck, before, imported, window=128, tokenizer=make_tokenizer(str(tmp_path / "tok")))
-  configs.validate(config)
-  lm_runs.run_lm(config, str(tmp_path / "run"))
+  lm.run(configs.resolve(config), str(tmp_path / "run"))
   saved = json.loads((tmp_path / "run" / "results.json").read_text())
   assert [(p["name"], p["task"], p["start"], p["end"]) for p in saved["fot"]["phases"]] == [
       ("near", "near", 0, 1), ("mid", "mid", 1, 2), ("far", "far", 2, 3)]

@@ -21,6 +21,7 @@ W/results.json ({'memory_tokens', 'perplexity': {arm: seed mean}, 'seeds': {arm:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Dict, List
@@ -29,10 +30,11 @@ import jax
 import numpy as np
 
 from data_pipelines import vocab as vocab_lib
-from fot_jax import cli, configs, jsonio, lm_runs, plots, provenance, recurrent, runs
+from fot_jax import cli, configs, jsonio, plots, provenance, recurrent
+from fot_jax.configs import Experiment
 from fot_jax.curriculum import Schedule
-from fot_jax.eval import config as eval_config, perplexity, suite as suite_lib
-from fot_jax.inference import MemoryInference
+from fot_jax.eval import config as eval_config, suite as suite_lib
+from fot_jax.runners import common, lm_data
 from fot_jax.settings import BASELINE_ARMS, BaselinesSettings
 
 ARMS = BASELINE_ARMS
@@ -51,9 +53,7 @@ def arm_schedule(arm: str, fot_phases: List[dict], fot_steps: int, windows: int,
                  b: BaselinesSettings) -> Schedule:
   """FoT's phases as they ran (names, tasks, step counts), with the arm's spec; the hybrid keeps
   FoT's specs and turns the last b.hybrid_steps steps into a memorizing phase on the last task."""
-  phases = [{"name": p["name"], "task": p["task"], "spec": p["spec"],
-             "steps": (p["end"] if p["end"] is not None else fot_steps) - p["start"]} for p in fot_phases]
-  phases = [p for p in phases if p["steps"] > 0]
+  phases = common.phases_as_run(fot_phases, fot_steps)
   if arm == "hybrid":
     tail = b.hybrid_steps
     if not 0 < tail < sum(p["steps"] for p in phases):
@@ -70,25 +70,23 @@ def arm_schedule(arm: str, fot_phases: List[dict], fot_steps: int, windows: int,
   return Schedule({"kind": "phases", "phases": phases, "stop_after_last": True})
 
 
-def _inference(arm: str, cfg, params, config):
-  window = configs.lm_data_settings(config).window
+def _inference(arm: str, exp: Experiment, params):
+  window = exp.lm.data.window
   if arm == "transformer_xl":
-    return recurrent.XLInference(cfg, params, window)
-  ev = configs.lm_eval_settings(config)
-  return MemoryInference(cfg, params, window, ev.mode, ev.topk)
+    return recurrent.XLInference(exp.model, params, window)
+  return common.memory_inference(exp.model, params, window, exp.lm.eval)
 
 
-def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dict:
+def _suite_extras(arm: str, workdir: str, exp: Experiment, params, inference) -> Dict:
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
-  ev, data, sc = configs.lm_eval_settings(config), configs.lm_data_settings(config), eval_config.default_config()
+  ev, data, b, sc = exp.lm.eval, exp.lm.data, exp.baselines, eval_config.default_config()
   sc.task, sc.batch, sc.window, sc.mode, sc.topk = data.eval_task, ev.batch, data.window, ev.mode, ev.topk
-  b = configs.baselines_settings(config)
   sc.rd.update(b.rd)
   sc.passkey.update(b.passkey)
 
   class ArmContext(suite_lib.Context):
     def __init__(self):  # the trained arm as it is: nothing read from disk
-      self.path, self.config, self.cfg, self.params, self.window = workdir, sc, cfg, params, sc.window
+      self.path, self.config, self.cfg, self.params, self.window = workdir, sc, exp.model, params, sc.window
       self.vocab = vocab_lib.get_vocabulary(data.vocab)
       self.vocab_spec, self.name = data.vocab, os.path.basename(workdir)
 
@@ -101,48 +99,40 @@ def _suite_extras(arm: str, workdir: str, cfg, params, inference, config) -> Dic
           "rd": suite_lib.run_rd(ctx) if "rd" in suites and arm != "transformer_xl" else None}
 
 
-def run_baselines(config, workdir: str, train: bool = True) -> Dict:
+def run(exp: Experiment, workdir: str, train: bool = True) -> Dict:
   """Trains every arm per seed (resumable per arm), evaluates, writes results.json + baselines.png."""
   t_start = time.time()
-  configs.validate(config)
-  cfg = configs.model_config(config)
-  data = configs.lm_data_settings(config)
+  cfg, lm, b = exp.model, exp.lm, exp.baselines
+  data, ev = lm.data, lm.eval
   vocab = vocab_lib.get_vocabulary(data.vocab)
-  b, ev = configs.baselines_settings(config), configs.lm_eval_settings(config)
-  k = data.windows_per_slot
-  print(configs.format_corpus_views(config), flush=True)
-  docs = lm_runs.eval_documents(config, vocab)
+  print(configs.format_corpus_views(lm), flush=True)
+  docs = configs.held_out_documents(lm, vocab)
   print(f"baselines: {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
-  results = {"config": config.to_dict(), "memory_tokens": [int(m) for m in ev.memory_tokens],
+  results = {"config": exp.raw, "memory_tokens": [int(m) for m in ev.memory_tokens],
              "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),
              "seeds": {}, "training": {}, "rd": {}, "passkey": {}}
   for seed in b.seeds:
-    seeded = config.copy_and_resolve_references()
-    with seeded.unlocked():
-      seeded.seed = seed
     fot_run = None
     for arm in b.arms_of_seed(seed):
       name = f"{arm}_seed{seed}"
       arm_dir = os.path.join(workdir, name)
-      schedule = (Schedule(seeded.train.curriculum) if arm == "fot" else
-                  arm_schedule(arm, fot_run["phases"], fot_run["steps_run"], k, b))
-      layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (lm_runs.lm_copy_warmup)
-      feeds = {task: lm_runs.lm_feed(seeded, task, layout) for task in set(schedule.tasks())}
-      out = runs.train_arm(cfg, configs.train_settings(seeded), name, schedule,
-                            feeds[None] if list(feeds) == [None] else feeds, arm_dir, train,
-                            data.vocab, data.window, lm_runs.lm_run_fields(seeded))
+      schedule = (exp.schedule() if arm == "fot" else
+                  arm_schedule(arm, fot_run["phases"], fot_run["steps_run"], data.windows_per_slot, b))
+      layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (lm_data.copy_batches)
+      sources = lm_data.arm_batches(lm.feeds, schedule.tasks(), data, seed, layout)
+      out = common.train_arm(model=cfg, settings=dataclasses.replace(exp.train, seed=seed), name=name,
+                             schedule=schedule, batches=lm_data.train_input(sources), workdir=arm_dir,
+                             do_train=train, vocab=data.vocab, window=data.window, run_fields=exp.run_fields())
       if arm == "fot":
         fot_run = out
-      inference = _inference(arm, cfg, out["params"], config)
-      res = perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, ev.score_tokens, ev.batch,
-                                            ev.doc_mode, name=name)
-      hist = out["history"]
+      inference = _inference(arm, exp, out["params"])
+      res = common.perplexity_of(inference, docs, ev, name)
       results["seeds"].setdefault(arm, {})[str(seed)] = res["perplexity"]
       results["training"].setdefault(arm, {})[str(seed)] = {
           "steps": out["steps_run"], "seconds": out["seconds"], "phases": out["phases"],
-          "final_train_loss": float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None}
+          "final_train_loss": out["final_loss"]}
       if seed == b.seeds[0]:
-        extras = _suite_extras(arm, arm_dir, cfg, out["params"], inference, config)
+        extras = _suite_extras(arm, arm_dir, exp, out["params"], inference)
         results["rd"][arm], results["passkey"][arm] = extras["rd"], extras["passkey"]
       _summarise(results, t_start)
       if jax.process_index() == 0:  # after every arm: a long run's finished arms are on disk
@@ -254,13 +244,13 @@ def merge_results(parts: List[Dict]) -> Dict:
 
 
 def main(argv=None) -> None:
-  """python -m fot_jax.baselines --out W PART_W [PART_W ...]: merge parts' results.json into W."""
+  """python -m fot_jax.runners.baselines --out W PART_W [PART_W ...]: merge parts' results.json into W."""
   import argparse
-  ap = argparse.ArgumentParser(prog="python -m fot_jax.baselines", description=main.__doc__)
+  ap = argparse.ArgumentParser(prog="python -m fot_jax.runners.baselines", description=main.__doc__)
   ap.add_argument("--out", required=True, help="workdir for the merged results.json, table and baselines.png")
   ap.add_argument("parts", nargs="+", help="workdirs of runs whose arms or seeds were split")
   a = ap.parse_args(argv)
-  with cli.expected_errors("fot_jax.baselines"):  # one line, exit 2, like every fot_jax entry point
+  with cli.expected_errors("fot_jax.runners.baselines"):  # one line, exit 2, like every fot_jax entry point
     paths = [os.path.join(w, "results.json") for w in a.parts]
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:

@@ -1,0 +1,82 @@
+"""What every runner shares: training (or restoring) one arm, the schedule of an arm that follows
+FoT's phases as they ran, the perplexity evaluation of a trained arm, and results.json with its table."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from fot_jax import jsonio
+from fot_jax.curriculum import Schedule
+from fot_jax.eval import perplexity
+from fot_jax.inference import MemoryInference
+from fot_jax.model.config import ModelConfig
+from fot_jax.settings import LMEvalSettings, TrainSettings
+from fot_jax.train import NoCheckpoint, train
+
+
+def train_arm(*, model: ModelConfig, settings: TrainSettings, name: str, schedule: Schedule, batches,
+              workdir: str, do_train: bool, vocab: str, window: int, run_fields: Dict[str, Any]) -> Dict[str, Any]:
+  """Trains (or resumes) one arm in its workdir; do_train=False (--mode=evaluate) restores its latest
+  checkpoint and trains nothing, refusing a workdir with no restorable step. `window`: the run's local
+  window, recorded for evaluation (not a warm-up phase's own window). Adds to train()'s output the
+  arm's final training accuracy and loss (means over the last 5 and 10 logged steps) and steps_run."""
+  vocab = os.path.abspath(vocab) if os.path.isfile(vocab) else vocab  # evaluation finds it from anywhere
+  try:
+    out = train(model, settings, schedule, batches, workdir, name=name, model_meta={"vocab": vocab, "window": int(window)},
+                run_fields=run_fields, restore_only=not do_train)
+  except NoCheckpoint as e:
+    raise NoCheckpoint(f"--mode=evaluate: nothing to evaluate for arm {name!r}: {e}; train first "
+                       f"(--mode=train) or point --workdir at a trained run") from None
+  hist = out["history"]
+  out["final_accuracy"] = float(np.mean([h["accuracy"] for h in hist[-5:]])) if hist else None
+  out["final_loss"] = float(np.mean([h["loss"] for h in hist[-10:]])) if hist else None
+  out["steps_run"] = hist[-1]["step"] if hist else _checkpoint_step(workdir)
+  return out
+
+
+def _checkpoint_step(workdir: str) -> int:
+  """The step of the latest checkpoint under workdir (a finished run resumed or re-evaluated)."""
+  ckpt = os.path.join(workdir, "checkpoints")
+  steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
+  return max(steps, default=0)
+
+
+def phases_as_run(fot_phases: List[dict], fot_steps: int) -> List[dict]:
+  """FoT's phases as they ran (name, task, spec, steps), without the empty ones."""
+  phases = [{"name": p["name"], "task": p["task"], "spec": p["spec"],
+             "steps": (p["end"] if p["end"] is not None else fot_steps) - p["start"]} for p in fot_phases]
+  return [p for p in phases if p["steps"] > 0]
+
+
+def following_schedule(fot_phases: List[dict], fot_steps: int, spec: Optional[dict] = None) -> Schedule:
+  """The schedule of an arm that follows FoT: its phases as they ran (same tasks, same numbers of
+  steps), each with `spec` in place of crossbatch ({}: none)."""
+  if not fot_phases:  # a random curriculum has no phases: the same steps on the one task
+    return Schedule({"kind": "constant", "spec": spec or {}})
+  phases = [dict(p, spec=spec or {}) for p in phases_as_run(fot_phases, fot_steps)]
+  return Schedule({"kind": "phases", "phases": phases, "stop_after_last": True})
+
+
+def perplexity_of(inference, docs: List[np.ndarray], ev: LMEvalSettings, name: str) -> Dict[str, Any]:
+  """Perplexity of the held-out docs' scored tails against the memory before them (eval settings `ev`)."""
+  return perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, ev.score_tokens, ev.batch,
+                                         ev.doc_mode, name=name)
+
+
+def memory_inference(model: ModelConfig, params, window: int, ev: LMEvalSettings) -> MemoryInference:
+  """Memory inference of a trained arm read as the LM evaluation reads it (mode, top-k)."""
+  return MemoryInference(model, params, window, ev.mode, ev.topk)
+
+
+def save_and_tabulate(results: Dict[str, Any], workdir: str, arms: List[str], metric: str, title: str) -> None:
+  """results.json, and a table of `metric` against memory tokens per arm on stdout."""
+  jsonio.write_json(os.path.join(workdir, "results.json"), results, default=str)
+  width = max(9, *(len(a) for a in arms))
+  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>{width}}" for a in arms)
+  lines = [header, "-" * len(header)]
+  for i, m in enumerate(results[arms[0]]["memory_tokens"]):
+    lines.append(f"{m:>14,} | " + " | ".join(f"{results[a][metric][i]:>{width}.3f}" for a in arms))
+  print(f"\n{title}:\n" + "\n".join(lines))
+  print(f"wall time {results['wall_seconds']:.0f}s; results in {os.path.join(workdir, 'results.json')}")
