@@ -30,7 +30,7 @@ from fot_jax.study.config import select_methods
 from fot_jax.eval import config as eval_config
 
 CHECKPOINT = "checkpoints/smollm2-135m"
-BLOCKS = {"mode": "blocks"}  # memory.BlockSpec's defaults (study.memory_settings): blocks of 128, 16 reps, top 8
+BLOCKS = {"mode": "blocks"}  # memory.BlockSpec's defaults (study.config.MemoryRetrieval): blocks of 128, 16 reps, top 8
 L0, FACTOR = 8192, 2
 LENGTHS = (4096, 8192, 16384)
 

@@ -85,7 +85,7 @@ def finetune_config(base_cfg, length=L_FT, steps=FT_STEPS):
   `length` tokens (plain: one window of `length`; FoT: length / L0 windows of L0 with crossbatch d=2,
   as the base's LM phase), AdamW from 1e-3 (10 warm-up steps, cosine to 1e-4)."""
   return ml_collections.ConfigDict({
-      "steps": steps, "length": length, "slots": base_cfg.data.slots, "task": base_cfg.data.task,
+      "steps": steps, "length": length, "slots": base_cfg.data.slots, "task": base_cfg.data.corpus,
       "split": "train", "min_doc_len": base_cfg.data.min_doc_len, "seed": 0,
       "optim": {"lr": 1e-3, "warmup_steps": 10, "schedule": "cosine", "total_steps": steps,
                 "final_lr_fraction": 0.1, "weight_decay": 0.0, "clip_norm": 1.0, "b1": 0.9, "b2": 0.95},

@@ -17,7 +17,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from data_pipelines.copy_task import CopyTask
 from data_pipelines.dictionary_lookup import DictionaryTask
 from data_pipelines.retrieval_docs import RetrievalSpec
 from fot_jax import crossbatch, jsonio, parallel, recurrent
@@ -26,8 +25,9 @@ from fot_jax.eval import perplexity
 from fot_jax.model import context_parallel
 from fot_jax.model.config import ModelConfig, get_size
 from fot_jax.model.llama import LlamaModel
-from fot_jax.settings import (BaselinesSettings, CopyWarmupSettings, DictionaryArm, DictionaryEvalSettings,
-                              LMDataSettings, LMEvalSettings, TrainSettings)
+from fot_jax.settings import (REPEAT_FIELDS, BaselinesSettings, CopyWarmupSettings, DictionaryArm,
+                              DictionaryEvalSettings, LMDataSettings, LMEvalSettings, RepeatFeed, TextFeed,
+                              TrainSettings)
 from fot_jax.train import resolve_trainable
 
 EXPERIMENTS = ("dictionary_lookup", "lm", "baselines")
@@ -35,37 +35,24 @@ LM_EXPERIMENTS = ("lm", "baselines")  # experiments/base_lm.py fields
 
 
 @dataclasses.dataclass(frozen=True)
-class TextFeed:
-  """An LM curriculum task that trains on text as it is: `task` (a SeqIO task or mixture,
-  files:PATTERN or jsonl:PATTERN) in the run's slot batches."""
-  task: str
-
-
-@dataclasses.dataclass(frozen=True)
-class RepeatFeed:
-  """A repeat view (`c.data.repeats[name]`): text of `task` in which a `fraction` of the slots
-  repeat their first window in every later one (data_pipelines.copy_task.RepeatedWindows);
-  score_first: that first window is scored too."""
-  task: str
-  fraction: float = 1.0
-  score_first: bool = True
-
-
-# An LM curriculum task's feed is one of: TextFeed, RepeatFeed, RetrievalSpec (retrieval documents,
-# data_pipelines.retrieval_docs) or CopyWarmupSettings (the copy warm-up on random ids).
-REPEAT_FIELDS = tuple(f.name for f in dataclasses.fields(RepeatFeed))
-
-
-@dataclasses.dataclass(frozen=True)
 class LMExperiment:
   """The parts only LM experiments ('lm', 'baselines') have: data, evaluation, one typed feed per
-  curriculum task (None: data.task), what each text view reads (corpus_views), and whether the
-  no-crossbatch arm trains beside FoT (`c.baseline.enabled`, experiment 'lm')."""
+  curriculum task (None: data.task), what each text view reads (_corpus_views), whether the
+  no-crossbatch arm trains beside FoT (`c.baseline.enabled`, experiment 'lm'), and the held-out
+  documents the evaluation scores (read once, by resolve's data check; empty without it)."""
   data: LMDataSettings
   eval: LMEvalSettings
   feeds: Dict[Optional[str], Any]
   views: Tuple[Tuple[str, str, str, str], ...]
   no_crossbatch: bool = False
+  eval_docs: Tuple[np.ndarray, ...] = ()
+
+  def held_out(self) -> Tuple[np.ndarray, ...]:
+    """The held-out documents; an experiment resolved without its data (check_data=False) has none."""
+    if not self.eval_docs:
+      raise ValueError("this experiment was resolved with check_data=False: it has no held-out documents "
+                       "to evaluate (configs.resolve(config) reads them)")
+    return self.eval_docs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,24 +156,6 @@ def _copy_warmup(config) -> CopyWarmupSettings:
   `num_symbols` of its vocabulary."""
   required = ("span", "slots", "num_symbols") if config.experiment in LM_EXPERIMENTS else ("num_symbols",)
   return CopyWarmupSettings.from_dict(config.get("warmup"), "warmup", required)
-
-
-def lm_copy_task(warmup: CopyWarmupSettings, arm: str = "fot") -> CopyTask:
-  """An LM run's copy warm-up documents: spans of `span` random token ids (`num_symbols` ids from
-  `symbol_offset`), repeated. The no-crossbatch arm's repeat comes in `baseline_chunks` shuffled
-  pieces (its documents sit whole in one row, where a fixed-offset copy would not transfer)."""
-  return CopyTask(span=warmup.span, num_symbols=warmup.num_symbols, symbol_offset=warmup.symbol_offset,
-                  chunks=1 if arm == "fot" else warmup.baseline_chunks, distinct=warmup.distinct)
-
-
-def dictionary_copy_task(warmup: CopyWarmupSettings, task: DictionaryTask, span: int, arm: str) -> CopyTask:
-  """The dictionary experiment's copy warm-up over the last `warmup.num_symbols` ids of its
-  vocabulary: all value symbols and the last key symbols (fewer symbols: a much earlier induction
-  phase change), spans of FoT's window. The baseline's repeat comes in `warmup.baseline_chunks`
-  shuffled pieces (no fixed-offset copy)."""
-  n = min(warmup.num_symbols, task.num_symbols + task.num_value_symbols)
-  chunks = warmup.baseline_chunks if arm == "baseline" else 1
-  return CopyTask(span=span, num_symbols=n, symbol_offset=task.vocab_size - n, chunks=chunks)
 
 
 def _dictionary_task(config) -> DictionaryTask:
@@ -371,7 +340,7 @@ def _resolve_lm(config, check_data: bool) -> Experiment:
       recurrent.check(rspec, cfg, data.window)
   warmup_phases = [p for p in sched.phases if warmup.enabled and p.get("task") == warmup.task]
   if warmup_phases:
-    copy = lm_copy_task(warmup)  # copy documents: two windows of `span` tokens per slot
+    copy = warmup.copy_task()  # copy documents: two windows of `span` tokens per slot
     copy.validate()
     if copy.vocab_size > cfg.vocab_size:
       raise ValueError(f"warmup: symbol ids {copy.symbol_offset}..{copy.vocab_size - 1} do not fit the "
@@ -394,24 +363,24 @@ def _resolve_lm(config, check_data: bool) -> Experiment:
     if warmup.enabled:  # the copy warm-up's windows hold memory too
       recurrent.check(spec, cfg, warmup.span)
   if check_data:  # last: it reads and tokenizes held-out documents
-    held_out_documents(lm, vocab)
+    lm = dataclasses.replace(lm, eval_docs=tuple(_held_out_documents(lm, vocab)))
   return Experiment(kind=config.experiment, model=cfg, train=ts, curriculum=curriculum, warmup=warmup,
                     raw=config.to_dict(), lm=lm, baselines=baselines)
 
 
-def held_out_documents(lm: LMExperiment, vocab) -> list:
+def _held_out_documents(lm: LMExperiment, vocab) -> list:
   """The held-out documents (`bos doc eos`, stored order) the LM evaluation scores: eval.n_docs of
   data.eval_task's split data.eval_split, each long enough for the largest memory size plus the
   scored tail. resolve reads them before the first step, so a held-out split too short for the
   evaluation fails then, not after the training time is spent; the error says which sizes would fit."""
   from data_pipelines import pipeline, vocab as vocab_lib  # TensorFlow/SeqIO, as resolve's task checks
   ids = vocab_lib.special_ids(vocab)
-  return eval_documents(lm, pipeline.document_tokens(lm.data.eval_task, vocab, lm.data.eval_split, seed=None),
+  return _eval_documents(lm, pipeline.document_tokens(lm.data.eval_task, vocab, lm.data.eval_split, seed=None),
                         ids["bos"], ids["eos"])
 
 
-def eval_documents(lm: LMExperiment, documents, bos: int, eos: int) -> list:
-  """held_out_documents from `documents` (the held-out split's token arrays in stored order)."""
+def _eval_documents(lm: LMExperiment, documents, bos: int, eos: int) -> list:
+  """_held_out_documents from `documents` (the held-out split's token arrays in stored order)."""
   data, ev = lm.data, lm.eval
   need = perplexity.needed_length(ev.memory_tokens, ev.score_tokens)
   docs, lengths = [], []

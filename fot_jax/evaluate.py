@@ -11,7 +11,7 @@ evaluates the same weights with other memory layers (0-based; 'all', or 'none' f
 with the eval.heads settings). Each suite writes W/eval/<suite>.json and its PNG plot(s);
 W/eval/report.md gathers them. `compare` puts several workdirs' results in one table per suite
 and on shared plots (OUT/compare.md, default ./eval_compare).
-Settings and their defaults: fot_jax/eval/config.py default_config(). Flags and settings are checked
+Settings and their defaults: fot_jax/eval/config.py SuiteSettings. Flags and settings are checked
 before JAX or TensorFlow is imported (a bad input ends in one line at once).
 """
 from __future__ import annotations
@@ -100,15 +100,16 @@ def main(argv):
     suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
     layers = None if _MEM_LAYERS.value is None else _layers(_MEM_LAYERS.value)
     overrides = _model_overrides(_OVERRIDES.value)
+    settings = eval_config.SuiteSettings.from_dict(_EVAL.value)  # the one read of --eval.*
     # the suites load JAX and TensorFlow (seconds): only once the flags have passed their checks
     from fot_jax.eval import heads, suite as suite_lib
     if isinstance(layers, str) and layers.startswith("auto"):  # the probe runs on the model first
-      c = _EVAL.value
-      layers = heads.resolve_auto_layers(layers, _CHECKPOINT.value, c.vocab, int(c.heads.n_prompts),
-                                         int(c.heads.length), int(c.seed))
+      h = settings.heads
+      layers = heads.resolve_auto_layers(layers, _CHECKPOINT.value, settings.vocab, h.n_prompts, h.length,
+                                         settings.seed)
     if layers is not None:
       overrides["mem_layers"] = layers
-    suite_lib.run(_CHECKPOINT.value, suites, _WORKDIR.value, _EVAL.value, _NAME.value, **overrides)
+    suite_lib.run(_CHECKPOINT.value, suites, _WORKDIR.value, settings, _NAME.value, **overrides)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Typed, validated sections of an experiment's settings: each is read from its dict once, by one
-validator whose errors name the field, and what runs below takes the object. Light (no JAX), so
-entry points and the study's config checks use it before anything heavy loads.
+validator whose errors name the field, and what runs below takes the object. Light (no JAX; NumPy for
+the copy task), so entry points and the study's config checks use it before anything heavy loads.
 
   OptimSettings  `c.optim` of an experiment, `finetune.optim` of a study: AdamW with a constant or
                  cosine learning-rate schedule (fot_jax.train.make_optimizer builds it).
@@ -13,6 +13,7 @@ entry points and the study's config checks use it before anything heavy loads.
   DictionaryArm, DictionaryEvalSettings  the dictionary-lookup experiment's arms (`c.fot`,
                  `c.baseline`: their batch shape) and evaluation (accuracy against memory, r_d).
   CopyWarmupSettings  `c.warmup` of either experiment: the copy warm-up's ids, span and slots.
+  TextFeed, RepeatFeed  an LM curriculum task's text, as is or with repeated windows.
   BaselinesSettings   the 'baselines' experiment's arms, seeds and Memorizing Transformer memory.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any, Dict, Mapping, Optional, Tuple
+
+from data_pipelines.copy_task import CopyTask
 
 SCHEDULES = ("constant", "cosine")
 
@@ -345,6 +348,35 @@ class CopyWarmupSettings:
       if getattr(s, name) <= 0:
         raise ValueError(f"{where}.{name}: required (a positive integer) while the warm-up is enabled")
     return s
+
+  def copy_task(self, arm: str = "fot") -> CopyTask:
+    """An LM run's copy documents: spans of `span` random token ids (`num_symbols` ids from
+    `symbol_offset`), repeated. The no-crossbatch arm's repeat comes in `baseline_chunks` shuffled
+    pieces (its documents sit whole in one row, where a fixed-offset copy would not transfer)."""
+    return CopyTask(span=self.span, num_symbols=self.num_symbols, symbol_offset=self.symbol_offset,
+                    chunks=1 if arm == "fot" else self.baseline_chunks, distinct=self.distinct)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextFeed:
+  """An LM curriculum task that trains on text as it is: `task` (a SeqIO task or mixture,
+  files:PATTERN or jsonl:PATTERN) in the run's slot batches."""
+  task: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatFeed:
+  """A repeat view (`c.data.repeats[name]`): text of `task` in which a `fraction` of the slots
+  repeat their first window in every later one (data_pipelines.copy_task.RepeatedWindows);
+  score_first: that first window is scored too."""
+  task: str
+  fraction: float = 1.0
+  score_first: bool = True
+
+
+# An LM curriculum task's feed (configs.resolve makes one per task) is one of: TextFeed, RepeatFeed,
+# data_pipelines.retrieval_docs.RetrievalSpec or CopyWarmupSettings (the copy warm-up on random ids).
+REPEAT_FIELDS = tuple(f.name for f in dataclasses.fields(RepeatFeed))
 
 
 BASELINE_ARMS = ("fot", "memorizing", "transformer_xl", "plain", "hybrid")

@@ -175,9 +175,9 @@ def test_hf_config_field_of_the_wrong_type_names_file_and_field(field, value):
 
 def test_study_config_checks_name_the_method():
   c = ml_collections.ConfigDict({"base": {"checkpoint": "x"}, "lengths": (32,), "suites": ("ppl",), "pad": 64,
-                                 "ppl": {}, "eval": {}})
+                                 "ppl": {"score_tokens": 8, "n_docs": 1, "tolerance": 1.1}, "eval": {}})
   c.methods = [{"name": "a"}]
-  study_config.check_config(c)
+  study_config.StudySettings.from_dict(c)
   for methods, match in (([{"name": "a", "inference": "kv"}], "study method 'a': unknown inference path 'kv'"),
                          ([{"name": "a", "overides": {}}], r"study method 'a': unknown key\(s\) \['overides'\]"),
                          ([{"name": "../a"}], "method 0 needs a 'name'"),
@@ -185,10 +185,10 @@ def test_study_config_checks_name_the_method():
                          ([{"name": "a"}, {"name": "a"}], "method names must be unique")):
     c.methods = methods
     with pytest.raises(ValueError, match=match):
-      study_config.check_config(c)
+      study_config.StudySettings.from_dict(c)
   c.methods, c.suites = [{"name": "a"}], ("ppl", "perplexity")
   with pytest.raises(ValueError, match=r"unknown suite\(s\) \['perplexity'\]"):
-    study_config.check_config(c)
+    study_config.StudySettings.from_dict(c)
 
 
 # ---------------------------------------------------------------- bad inputs on the command line

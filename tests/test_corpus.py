@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from data_pipelines import sources, vocab
+from data_pipelines import sources
 from experiments import smollm2_fot, smollm2_retrieval, stdlib_lm_tiny
 from fot_jax import configs
 
@@ -88,6 +88,5 @@ def test_held_out_documents_too_short_for_the_evaluation_fail_before_training(tm
                                        r"max\(eval.memory_tokens\) \+ eval.score_tokens at most 101"):
     configs.resolve(config)
   config.eval.memory_tokens, config.eval.score_tokens = (0, 64), 32  # 64 + 32 + 1 <= 102: it fits
-  exp = configs.resolve(config)
-  docs = configs.held_out_documents(exp.lm, vocab.get_vocabulary("byte"))
+  docs = configs.resolve(config).lm.held_out()
   assert sorted(len(d) for d in docs) == [102, 302]

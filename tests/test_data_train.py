@@ -9,6 +9,7 @@ from data_pipelines.slots import SlotBatcher
 from experiments import stdlib_lm_tiny
 from fot_jax import configs
 from fot_jax.runners import lm
+from tests.test_raw_config import assert_only_listed_readers, record_config_reads
 from fot_jax.curriculum import Schedule
 from fot_jax.model.config import get_size
 from fot_jax.train import train
@@ -84,7 +85,9 @@ def test_curriculum_over_two_pipelines_resumes_each_position(tmp_path):
 
 def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
   config = stdlib_lm_tiny.get_test_config()
-  results = lm.run(configs.resolve(config), str(tmp_path))
+  with record_config_reads() as readers:  # the experiment's ConfigDict is read by configs.resolve alone
+    results = lm.run(configs.resolve(config), str(tmp_path))
+  assert_only_listed_readers(readers)
   saved = json.loads((tmp_path / "results.json").read_text())
   for arm in ("fot", "no_crossbatch"):
     assert saved[arm]["memory_tokens"] == [0, 64, 128]

@@ -227,9 +227,7 @@ def test_mem_layers_auto(tmp_path, capsys):
 
 def test_heads_suite_writes_json_plot_and_report(tmp_path):
   ck, _ = _tiny_checkpoint(tmp_path)
-  c = eval_config.default_config()
-  c.vocab = "byte"
-  c.heads.update(n_prompts=2, length=200, top=2)
+  c = eval_config.SuiteSettings.from_dict({"vocab": "byte", "heads": {"n_prompts": 2, "length": 200, "top": 2}})
   work = str(tmp_path / "w")
   out = suite.run(ck, ["heads"], work, c, name="tiny")["heads"]
   assert np.shape(out["scores"]) == (3, 4) and len(out["picked"]) == 2

@@ -1,5 +1,6 @@
 """The evaluation suite end to end on a tiny checkpoint: every suite writes its JSON and
 plot, report.md gathers them, `compare` puts two runs side by side (CLI)."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,16 +26,16 @@ def _tiny_run(tmp_path):
   corpus.mkdir()
   for i in range(5):
     (corpus / f"f{i}.py").write_text(f"# file {i}\n" + "".join(f"x{i}_{j} = {j * i}\n" for j in range(40)))
-  c = eval_config.default_config()
-  c.task, c.split, c.vocab, c.batch = f"files:{corpus}/*.py", "train", "byte", 4
-  c.ppl.update(memory_tokens=(0, 32), score_tokens=16, n_docs=3)
-  c.rd.update(ds=(1, 2, 4), n_docs=4)
-  c.passkey.update(lengths=(300, 400), depths=(0.0, 1.0), trials=1)
-  c.niah.update(lengths=(64, 128), depths=(0.0, 1.0), trials=1, n_needles=2, corpus_docs=5)
-  c.ruler.update(tasks=("niah_noise", "fwe"), lengths=(600, 800), trials=1)
-  c.dict.task.update(num_symbols=32, num_value_symbols=16, n_defs=8, n_queries=4)
-  c.dict.update(memory_tokens=(32, 128), n_docs=2, topk=4, modes=("dense", "topk", "flat", "ivf"),
-                device_max_tokens=32)
+  c = eval_config.SuiteSettings.from_dict({  # over the defaults
+      "task": f"files:{corpus}/*.py", "split": "train", "vocab": "byte", "batch": 4,
+      "ppl": {"memory_tokens": (0, 32), "score_tokens": 16, "n_docs": 3},
+      "rd": {"ds": (1, 2, 4), "n_docs": 4},
+      "passkey": {"lengths": (300, 400), "depths": (0.0, 1.0), "trials": 1},
+      "niah": {"lengths": (64, 128), "depths": (0.0, 1.0), "trials": 1, "n_needles": 2, "corpus_docs": 5},
+      "ruler": {"tasks": ("niah_noise", "fwe"), "lengths": (600, 800), "trials": 1},
+      "dict": {"task": {"num_symbols": 32, "num_value_symbols": 16, "n_defs": 8, "n_queries": 4},
+               "memory_tokens": (32, 128), "n_docs": 2, "topk": 4, "modes": ("dense", "topk", "flat", "ivf"),
+               "device_max_tokens": 32}})
   return ck, c
 
 
@@ -59,8 +60,7 @@ def test_all_suites_report_and_compare(tmp_path):
     assert f"## {s}" in text and f"![{s}]({s}.png)" in text
   # compare: the same run evaluated again with another seed, through the CLI
   work2 = str(tmp_path / "w2")
-  c.seed = 1
-  suite.run(ck, ["rd", "passkey"], work2, c, name="tiny_seed1")
+  suite.run(ck, ["rd", "passkey"], work2, dataclasses.replace(c, seed=1), name="tiny_seed1")
   env = dict(os.environ, PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, "-m", "fot_jax.evaluate", "compare", work, work2,
                          f"--workdir={tmp_path / 'cmp'}"], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -114,7 +114,7 @@ def test_passkey_killed_midway_resumes_prompt_by_prompt(tmp_path, monkeypatch, c
   import pytest
   from fot_jax.eval import retrieval
   ck, c = _tiny_run(tmp_path)
-  c.batch = 2
+  c = dataclasses.replace(c, batch=2)
   calls, kill_after = [], [None]
   answer_logits = retrieval.InferenceModel.answer_logits
 

@@ -29,8 +29,8 @@ LAZY_IMPORTS = {
     ("fot_jax.configs", "_resolve_lm", "data_pipelines.tasks"):
         "TensorFlow/SeqIO: only an LM config's data check needs the tasks and the vocabulary",
     ("fot_jax.configs", "_resolve_lm", "data_pipelines.vocab"): "as data_pipelines.tasks",
-    ("fot_jax.configs", "held_out_documents", "data_pipelines.pipeline"): "as data_pipelines.tasks (held-out documents)",
-    ("fot_jax.configs", "held_out_documents", "data_pipelines.vocab"): "as data_pipelines.tasks",
+    ("fot_jax.configs", "_held_out_documents", "data_pipelines.pipeline"): "as data_pipelines.tasks (held-out documents)",
+    ("fot_jax.configs", "_held_out_documents", "data_pipelines.vocab"): "as data_pipelines.tasks",
     ("fot_jax.convert.api", "vocabulary", "data_pipelines.vocab"):
         "TensorFlow/SeqIO: a loaded model needs a vocabulary only for text in or out, not to load",
     ("fot_jax.convert.verify", "verify_export", "fot_jax.convert.torch_reference"):

@@ -158,7 +158,7 @@ def test_sweep_expands_into_named_runs_with_their_own_workdirs(capsys):
   from experiments import analysis_184m_c4
   for run in configs.sweep_runs(path):
     config = configs.apply_overrides(analysis_184m_c4.get_config(), run)
-    configs.validate(config, check_data=False)  # C4 and its tokenizer are not on this machine
+    configs.resolve(config, check_data=False)  # C4 and its tokenizer are not on this machine
     w = int(run["name"][-1])
     assert config.data.windows_per_slot == w + 1
     assert [s[1]["d"] for s in config.train.curriculum.stages] == ([2, 64] if "d2to64" in run["name"] else [1])
@@ -177,13 +177,12 @@ def test_every_experiment_file_validates():
     if name.startswith("study_"):  # controlled studies: the base's training config and every method
       base = get_size("tiny", num_layers=32)  # a checkpoint base (absent here): a deep stand-in
       if config.base.get("train") is not None:
-        configs.validate(config.base.train, check_data=True)
-        base = configs.model_config(config.base.train)
-      for method in config.methods:
-        study_config.method_model_config(base, method)
+        base = configs.resolve(config.base.train, check_data=True).model
+      for method in study_config.StudySettings.from_dict(config).methods:  # the study file read, fine-tunes too
+        method.model_config(base)
       continue
     local_data = name in ("dictionary_lookup", "stdlib_lm_tiny")
-    configs.validate(config, check_data=local_data)
+    configs.resolve(config, check_data=local_data)
     # ml_collections overrides tuples from the command line (--config.eval.memory_tokens='(32,4096)')
     # but refuses lists: a list of numbers or strings in an experiment file cannot be overridden.
     assert not [path for path, v in _leaves(config) if isinstance(v, list) and v
@@ -209,7 +208,7 @@ def test_plan_mode_reports_params_flops_and_memory_without_a_workdir():
   assert proc.returncode == 0, proc.stdout + proc.stderr
   out = proc.stdout
   from fot_jax.model.init import init_params
-  cfg = configs.model_config(configs.load_module("experiments/dictionary_lookup.py").get_config())
+  cfg = configs.resolve(configs.load_module("experiments/dictionary_lookup.py").get_config()).model
   import jax
   n = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(init_params(cfg, 0)))
   assert f"parameters         {n:,}" in out
@@ -281,7 +280,7 @@ def test_plan_buffers_are_live_together_and_fit_the_memory_analysis(tmp_path):
     from fot_jax import configs, plan
     c = configs.load_module("experiments/dictionary_lookup.py").get_config()
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
-    p = plan.plan(c, dump, 10_000)
+    p = plan.plan(configs.resolve(c, check_data=False), dump, 10_000)
     print(json.dumps({"memory": p["memory_per_device"], "buffers": p["largest_buffers"]}))
   """
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -8,12 +8,15 @@ import pytest
 from experiments import dictionary_lookup
 from fot_jax import configs
 from fot_jax.runners import dictionary
+from tests.test_raw_config import assert_only_listed_readers, record_config_reads
 
 
 def test_dictionary_job_writes_results_and_plot(tmp_path):
   config = dictionary_lookup.get_test_config()
-  exp = configs.resolve(config)
-  results = dictionary.run(exp, str(tmp_path))
+  with record_config_reads() as readers:  # the experiment's ConfigDict is read by configs.resolve alone
+    exp = configs.resolve(config)
+    results = dictionary.run(exp, str(tmp_path))
+  assert_only_listed_readers(readers)
   saved = json.loads((tmp_path / "results.json").read_text())
   for arm in ("fot", "fot_seed1", "baseline"):
     assert saved[arm]["memory_tokens"] == [256, 1024, 2048]

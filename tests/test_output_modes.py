@@ -82,9 +82,9 @@ def test_an_evaluation_suite_json_honours_the_umask(tmp_path, tiny_checkpoint):
   corpus.mkdir()
   for i in range(3):
     (corpus / f"f{i}.py").write_text("".join(f"x{i}_{j} = {j * i}\n" for j in range(40)))
-  c = eval_config.default_config()
-  c.task, c.split, c.vocab, c.batch = f"files:{corpus}/*.py", "train", "byte", 2
-  c.ppl.update(memory_tokens=(0,), score_tokens=16, n_docs=1)  # the cheapest suite; all write through write_json
+  c = eval_config.SuiteSettings.from_dict({  # ppl: the cheapest suite; all write through write_json
+      "task": f"files:{corpus}/*.py", "split": "train", "vocab": "byte", "batch": 2,
+      "ppl": {"memory_tokens": (0,), "score_tokens": 16, "n_docs": 1}})
   old = os.umask(0o022)
   try:
     suite.run(tiny_checkpoint, ["ppl"], str(tmp_path / "w"), c, name="tiny")

@@ -182,7 +182,7 @@ def test_the_copy_warmup_is_read_once_for_either_experiment():
   assert exp.lm.feeds[w.task] is w  # the curriculum's copy phases read the warm-up
   assert (w.enabled, w.task, w.span, w.slots, w.symbol_offset, w.distinct) == (
       True, lm.warmup.task, lm.warmup.span, lm.warmup.slots, lm.warmup.symbol_offset, True)
-  task = configs.lm_copy_task(w, "baseline")
+  task = w.copy_task("baseline")
   assert (task.span, task.chunks, task.num_symbols) == (w.span, lm.warmup.baseline_chunks, w.num_symbols)
   del lm.warmup
   assert not configs.resolve(lm, check_data=False).warmup.enabled

@@ -24,8 +24,11 @@ from fot_jax.eval import config as eval_config
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
+from tests.test_raw_config import assert_only_listed_readers, record_config_reads
 
 L0 = 16
+read = study_config.StudySettings.from_dict  # a study file's ConfigDict -> StudySettings
+method = study_config.MethodSpec.from_dict  # one method entry (and the study's finetune) -> MethodSpec
 PI = {"name": "pi", "inference": "plain", "overrides": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}}
 
 
@@ -60,7 +63,9 @@ def tiny(tmp_path_factory):
 def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   ck, c, tmp = tiny
   work = str(tmp / "w")
-  out = study_run.run(c, work)
+  with record_config_reads() as readers:  # the study file is read once, by StudySettings.from_dict
+    out = study_run.run(read(c), work)
+  assert_only_listed_readers(readers)
   methods = out["methods"]
   assert list(methods) == ["none", "pi", "fot_memory"]
   for name, r in methods.items():
@@ -82,7 +87,7 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   # rerun: finished methods are skipped; a method whose spec changed is evaluated again
   c2 = ml_collections.ConfigDict(c.to_dict())
   c2.methods = [c.methods[0], dict(PI, overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})]
-  again = study_run.run(c2, work)
+  again = study_run.run(read(c2), work)
   log = capsys.readouterr().out
   assert "none: done before" in log and "pi: its spec or the study's settings changed" in log
   assert again["methods"]["none"] == methods["none"]
@@ -96,7 +101,7 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   os.remove(done)
   with open(os.path.join(work, "methods", "fot_memory.partial.json"), "w") as f:
     json.dump(stopped, f)
-  resumed = study_run.run(c, work)["methods"]["fot_memory"]
+  resumed = study_run.run(read(c), work)["methods"]["fot_memory"]
   log = capsys.readouterr().out
   assert "fot_memory: memory path" in log and "suites ['niah', 'rd'] (the others done before)" in log
   assert "[fot_memory] ppl: done before, kept" in log and "[fot_memory] ppl: length" not in log
@@ -110,18 +115,18 @@ def test_study_writes_one_table_and_figures_and_resumes(tiny, capsys):
   del old["suites_done"]
   with open(plain, "w") as f:
     json.dump(old, f)
-  study_run.run(c, work)
+  study_run.run(read(c), work)
   assert "none: done before" in capsys.readouterr().out
 
 
 def test_method_overrides_reach_the_model(tiny):
   ck, c, _ = tiny
-  base = suite.Context(ck, c.eval)
+  base = suite.Context.from_checkpoint(ck, read(c).eval)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 256, (2, 40)).astype(np.int32)  # 40 > L0 = 16, padded to 64 by the plain path
 
-  def study_logits(method):
-    inf = study_methods.method_context(base, method, 64).inference()
+  def study_logits(entry):
+    inf = study_methods.method_context(base, method(entry), 64).inference()
     return inf.process(tokens, inf.new_memory(2))
 
   def direct_logits(cfg):  # the reference: one unpadded forward of the overridden config
@@ -137,9 +142,9 @@ def test_method_overrides_reach_the_model(tiny):
                                                              "local_window": 64, "max_distance": 64}}}
   np.testing.assert_allclose(study_logits(wide), none, atol=1e-5)
   with pytest.raises(ValueError, match="study method 'bad'.*unknown ModelConfig field"):
-    study_config.method_model_config(base.cfg, {"name": "bad", "overrides": {"rope": 1}})
-  with pytest.raises(ValueError, match="study method 'x': inference must be"):
-    study_methods.method_context(base, {"name": "x", "inference": "kv"}, 64)
+    method({"name": "bad", "overrides": {"rope": 1}}).model_config(base.cfg)
+  with pytest.raises(ValueError, match="study method 'x': unknown inference path"):
+    method({"name": "x", "inference": "kv"})
 
 
 
@@ -187,15 +192,16 @@ def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_
   ck, c, tmp = tiny
   c, plain_ft = _ft_config(c)
   work = str(tmp / "ft")
-  out = study_run.run(c, work)["methods"]
-  frozen, ft = c.methods
-  base = suite.Context(ck, c.eval)
+  study = read(c)
+  out = study_run.run(study, work)["methods"]
+  ft = c.methods[1]
+  base = suite.Context.from_checkpoint(ck, study.eval)
   # the fine-tuned parameters (read back from the fine-tune's workdir) differ from the base's ...
   tuned = checkpoint.load(os.path.join(work, "finetune", "fot_ft")).params
   assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
              for a, b in zip(jax.tree_util.tree_leaves(tuned), jax.tree_util.tree_leaves(base.params))) > 1e-4
   # ... and are the ones evaluated: the perplexity recomputed from the checkpoint, not the frozen one's
-  ctx = study_methods.method_context(base, ft, int(c.pad), tuned)
+  ctx = study_methods.method_context(base, study.methods[1], int(c.pad), tuned)
   again = study_evaluation.perplexity_vs_length(ctx, list(c.lengths), 8, 2, 4)["perplexity"]
   np.testing.assert_allclose(out["fot_ft"]["ppl"]["perplexity"], again, rtol=1e-5)
   assert abs(out["fot_ft"]["ppl"]["perplexity"][1] - out["fot_memory"]["ppl"]["perplexity"][1]) > 1e-4
@@ -209,8 +215,9 @@ def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_
   table = open(os.path.join(work, "study.md")).read()
   assert "| fot_memory | memory | frozen |" in table and "| fot_ft | memory | 2 steps @ 32, {d: 2} |" in table
   # the same tokens for both paths: the memory path's 2 windows of 16 per slot are the plain path's 32
-  s_mem, s_plain = study_config.finetune_settings(c, ft), study_config.finetune_settings(c, plain_ft)
-  assert "crossbatch" not in s_plain and s_plain == {k: v for k, v in s_mem.items() if k != "crossbatch"}
+  s_mem, s_plain = study.methods[1].finetune, method(plain_ft, c.finetune).finetune
+  assert "crossbatch" not in s_plain.to_dict()
+  assert s_plain.to_dict() == {k: v for k, v in s_mem.to_dict().items() if k != "crossbatch"}
   mem = study_finetune.finetune_batches(base, "fot_ft", s_mem, L0, 2)(0)
   plain = study_finetune.finetune_batches(base, "none_ft", s_plain, 32, 1)(0)
   for key in ("inputs", "targets", "loss_mask"):
@@ -220,14 +227,16 @@ def test_finetuned_method_trains_from_the_base_with_crossbatch_and_is_evaluated_
   os.remove(os.path.join(work, "methods", "fot_ft.json"))
   c1 = ml_collections.ConfigDict(c.to_dict())
   c1.methods = [ft]
-  again = study_run.run(c1, work)["methods"]
+  again = study_run.run(read(c1), work)["methods"]
   printed = capsys.readouterr().out
   assert "fine-tune fot_ft: done before" in printed and "[ft fot_ft] step" not in printed
   assert again["fot_ft"]["ppl"] == out["fot_ft"]["ppl"]
   # a changed fine-tune is a changed setting of the fine-tuned methods only (they run again)
   c2 = ml_collections.ConfigDict(c.to_dict())
   c2.finetune.steps = 3
-  assert study_config.settings(c2, ft) != study_config.settings(c, ft) and study_config.settings(c2, frozen) == study_config.settings(c, frozen)
+  study2 = read(c2)
+  (frozen2, ft2), (frozen1, ft1) = study2.methods, study.methods
+  assert study2.settings_of(ft2) != study.settings_of(ft1) and study2.settings_of(frozen2) == study.settings_of(frozen1)
 
 
 def test_finetune_config_errors_name_the_method(tiny):
@@ -237,17 +246,17 @@ def test_finetune_config_errors_name_the_method(tiny):
   bad = ml_collections.ConfigDict(c.to_dict())
   bad.methods = [dict(ft, finetune={"length": 24})]
   with pytest.raises(ValueError, match="study method 'fot_ft': finetune.length 24 must be a multiple"):
-    study_run.run(bad, str(tmp / "bad"))
+    study_run.run(read(bad), str(tmp / "bad"))
   assert not os.path.exists(tmp / "bad" / "finetune")  # checked before anything trains
   with pytest.raises(ValueError, match="study method 'none_ft': unknown finetune field.*'lr'"):
-    study_config.finetune_settings(c, dict(plain_ft, finetune={"lr": 1.0}))
+    method(dict(plain_ft, finetune={"lr": 1.0}), c.finetune)
   with pytest.raises(ValueError, match="study method 'fot_ft': a memory method fine-tunes with crossbatch"):
-    study_config.finetune_settings(c, dict(ft, finetune={"crossbatch": {}}))
-  base = suite.Context(ck, c.eval)
+    method(dict(ft, finetune={"crossbatch": {}}), c.finetune)
+  base = suite.Context.from_checkpoint(ck, read(c).eval)
   with pytest.raises(ValueError, match="study method 'fot_ft': finetune.crossbatch:.*d=3"):  # 2 slots
-    study_finetune.finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 3, "w": 1}}), c)
+    study_finetune.finetune_plan(base, method(dict(ft, finetune={"crossbatch": {"d": 3, "w": 1}}), c.finetune), c.pad)
   with pytest.raises(ValueError, match="study method 'fot_ft': finetune.crossbatch: pack size 3"):
-    study_finetune.finetune_plan(base, dict(ft, finetune={"crossbatch": {"d": 2, "w": 2}}), c)
+    study_finetune.finetune_plan(base, method(dict(ft, finetune={"crossbatch": {"d": 2, "w": 2}}), c.finetune), c.pad)
 
 
 def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
@@ -277,9 +286,9 @@ BLOCKS = {"name": "blocks", "inference": "memory", "overrides": {"mem_layers": (
 
 def test_method_memory_retrieval_is_validated_naming_the_method_and_field(tiny):
   _, c, _ = tiny
-  assert study_config.memory_settings(dict(BLOCKS, memory={"mode": "blocks"})) == {  # memory.BlockSpec's defaults
+  assert method(dict(BLOCKS, memory={"mode": "blocks"})).memory.to_dict() == {  # memory.BlockSpec's defaults
       "mode": "blocks", "block_size": 128, "block_reps": 16, "block_topk": 8}
-  assert study_config.memory_settings(dict(BLOCKS, memory={"mode": "topk", "topk": 4})) == {"mode": "topk", "topk": 4}
+  assert method(dict(BLOCKS, memory={"mode": "topk", "topk": 4})).memory.to_dict() == {"mode": "topk", "topk": 4}
   bad = [({"mode": "blocks", "block_topk": 0}, r"study method 'blocks': memory.block_topk must be a positive integer"),
          ({"mode": "blocks", "block_size": True}, "memory.block_size must be a positive integer"),
          ({"mode": "blocks", "topk": 4}, r"memory field\(s\) \['topk'\] unknown for mode 'blocks'"),
@@ -292,10 +301,10 @@ def test_method_memory_retrieval_is_validated_naming_the_method_and_field(tiny):
     bad_c = ml_collections.ConfigDict(c.to_dict())
     bad_c.methods = [dict(BLOCKS, memory=memory)]
     with pytest.raises(ValueError, match=match):
-      study_config.check_config(bad_c)
+      read(bad_c)
   bad_c.methods = [{"name": "p", "inference": "plain", "memory": {"mode": "blocks"}}]
   with pytest.raises(ValueError, match="study method 'p': memory .* needs inference 'memory'"):
-    study_config.check_config(bad_c)
+    read(bad_c)
 
 
 def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_memory(tiny):
@@ -308,12 +317,13 @@ def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_mem
   ck, c, _ = tiny
   c = ml_collections.ConfigDict(c.to_dict())
   c.suites = ("ppl", "rd")
-  base = suite.Context(ck, c.eval)
+  study = read(c)
+  base = suite.Context.from_checkpoint(ck, study.eval)
   few = dict(BLOCKS, name="few", memory={"mode": "blocks", "block_size": 4, "block_reps": 2, "block_topk": 1})
-  inf = study_methods.method_context(base, BLOCKS, int(c.pad)).inference("dense")  # the method's mode wins
+  inf = study_methods.method_context(base, method(BLOCKS), int(c.pad)).inference("dense")  # the method's mode wins
   assert inf.mode == "blocks" and inf.topk == BlockSpec(8, 2, 8) and inf.window == L0
   # at 64 tokens memory holds 3 windows of 16 = 6 blocks of 8: block_topk 8 retrieves all of them
-  res = {m["name"]: study_evaluation.evaluate_method(base, m, c) for m in (BLOCKS, few)}
+  res = {m["name"]: study_evaluation.evaluate_method(base, method(m), study) for m in (BLOCKS, few)}
   assert "rd" not in res["blocks"] and res["blocks"]["suites_done"] == ["ppl", "rd"]  # r_d is dense memory's
   top = max(c.lengths)
   tails = np.stack([np.asarray(d[-(top + 1):], np.int32) for d in base.docs(top + 1, int(c.ppl.n_docs))])
@@ -330,9 +340,9 @@ def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_mem
   assert min(abs(a / b - 1) for a, b in zip(res["few"]["ppl"]["perplexity"], dense)) > 1e-4
   # the settings name the retrieval (defaults resolved); a method without `memory` keeps the old ones
   dense_m = {"name": "fot_memory", "inference": "memory", "overrides": {"mem_layers": (1,)}}
-  s_blocks, s_few, s_dense = (study_config.settings(c, m) for m in (BLOCKS, few, dense_m))
+  s_blocks, s_few, s_dense = (study.settings_of(method(m)) for m in (BLOCKS, few, dense_m))
   assert s_blocks["memory"] == {"mode": "blocks", "block_size": 8, "block_reps": 2, "block_topk": 8}
-  assert "memory" not in s_dense and s_dense == study_config.settings(c)
+  assert "memory" not in s_dense and s_dense == study.settings_of()
   assert not study_config.same_settings(s_blocks, s_dense) and not study_config.same_settings(s_blocks, s_few)
   assert res["blocks"]["settings"] == s_blocks
   table = study_report.markdown({"base": ck, "window": L0, "lengths": list(c.lengths), "wall_seconds": 0.0,
@@ -346,13 +356,13 @@ def test_smollm2_study_config_fits_the_import():
   from experiments import study_smollm2
   c = study_smollm2.get_config()
   base = get_size("smollm2_135m", mem_layers=())
-  for m in c.methods:
-    cfg = study_config.method_model_config(base, m)
-    assert cfg.attention_impl == "blockwise", m["name"]
+  study = read(c)
+  for m in study.methods:
+    cfg = m.model_config(base)
+    assert cfg.attention_impl == "blockwise", m.name
   assert max(c.lengths) > 8192 and len({m["name"] for m in c.methods}) == len(c.methods)
-  study_config.check_config(c)
-  blocks = {m["name"]: study_config.memory_settings(m) for m in c.methods if "memory" in m}
-  assert set(blocks) == {"block_memory_all", "block_memory_3"} and all(b["mode"] == "blocks" for b in blocks.values())
+  blocks = {m.name: m.memory for m in study.methods if m.memory}
+  assert set(blocks) == {"block_memory_all", "block_memory_3"} and all(b.mode == "blocks" for b in blocks.values())
   only = study_smollm2.get_config("block_memory_all,block_memory_3")  # --config=...:NAME,NAME
   assert [m["name"] for m in only.methods] == ["block_memory_3", "block_memory_all"]
   with pytest.raises(ValueError, match=r"unknown method\(s\) \['nosuch'\]"):

@@ -1,6 +1,7 @@
 """Hugging Face tokenizer.json as a seqio vocabulary (data_pipelines.vocab.HFVocab), against
 transformers' tokenizer on the same file, in the data pipeline and the evaluation prompts; and
 the end of the silent byte fallback (a checkpoint without a tokenizer fails, naming it)."""
+import dataclasses
 import json
 import os
 
@@ -100,20 +101,18 @@ def _ckpt(tmp_path, name, vocab_size, **meta):
 
 
 def test_checkpoint_vocabulary_no_silent_byte(tmp_path, tok_path):
-  c = eval_config.default_config()
+  c = eval_config.SuiteSettings()
   bare = _ckpt(tmp_path, "bare", 260)
   with pytest.raises(ValueError, match=f"{bare}: no tokenizer found.*--eval.vocab=byte"):
-    suite.Context(bare, c)  # (the evaluate CLI prints a ValueError as one `evaluate error:` line)
+    suite.Context.from_checkpoint(bare, c)  # (the evaluate CLI prints a ValueError as one `evaluate error:` line)
   # a vocabulary too large for the model fails naming both
-  c.vocab = tok_path
   with pytest.raises(ValueError, match=f"tokenizer.json has 300 tokens but {bare}'s embedding has vocab_size=260"):
-    suite.Context(bare, c)
+    suite.Context.from_checkpoint(bare, dataclasses.replace(c, vocab=tok_path))
   # byte when asked, or when the checkpoint records it was trained with it (what training writes)
-  c.vocab = ""
   assert checkpoint_vocab_spec(bare, {}, None, "byte") == "byte"
   assert checkpoint_vocab_spec(bare, {"vocab": "byte"}, None) == "byte"
   # a checkpoint that ships tokenizer.json (with its tokenizer_config.json) uses it
   shipped = _ckpt(tmp_path, "shipped", 300, tokenizer=tok_path)
   assert sorted(os.listdir(shipped)) == ["fot_jax_model.json", "params", "tokenizer.json", "tokenizer_config.json"]
-  ctx = suite.Context(shipped, c)
+  ctx = suite.Context.from_checkpoint(shipped, c)
   assert isinstance(ctx.vocab, HFVocab) and ctx.vocab.bos_id == 1 and ctx.vocab_spec.endswith("tokenizer.json")

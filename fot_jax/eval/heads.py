@@ -235,17 +235,17 @@ def _text_vocab(spec: str):
 
 
 def run_heads(ctx) -> Dict:
-  """The `heads` suite: copy scores, the `top` layers picked, W/eval/heads.png (ctx.out_dir)."""
-  h = ctx.config.heads
+  """The `heads` suite on a suite Context: copy scores, the `top` layers picked, W/eval/heads.png
+  (ctx.out_dir)."""
+  h = ctx.settings.heads
   _text_vocab(ctx.vocab_spec)
-  if int(h.length) > ctx.window:
-    print(f"[{ctx.name}] heads: note: prompts of {int(h.length)} tokens exceed the window of {ctx.window} "
+  if h.length > ctx.window:
+    print(f"[{ctx.name}] heads: note: prompts of {h.length} tokens exceed the window of {ctx.window} "
           f"(one forward pass; positions past the window)", flush=True)
-  out = copy_scores(ctx.cfg, ctx.params, ctx.vocab, int(h.n_prompts), int(h.length), int(ctx.config.seed),
-                    name=ctx.name)
-  out["top"] = min(int(h.top), ctx.cfg.num_layers)
+  out = copy_scores(ctx.cfg, ctx.params, ctx.vocab, h.n_prompts, h.length, ctx.settings.seed, name=ctx.name)
+  out["top"] = min(h.top, ctx.cfg.num_layers)
   out["picked"] = list(pick_layers(out, out["top"]))
-  if getattr(ctx, "out_dir", None):
+  if ctx.out_dir:
     plot_heads({ctx.name: out}, os.path.join(ctx.out_dir, "heads.png"))
   return out
 

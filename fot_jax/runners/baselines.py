@@ -79,21 +79,13 @@ def _inference(arm: str, exp: Experiment, params):
 
 def _suite_extras(arm: str, workdir: str, exp: Experiment, params, inference) -> Dict:
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
-  ev, data, b, sc = exp.lm.eval, exp.lm.data, exp.baselines, eval_config.default_config()
-  sc.task, sc.batch, sc.window, sc.mode, sc.topk = data.eval_task, ev.batch, data.window, ev.mode, ev.topk
-  sc.rd.update(b.rd)
-  sc.passkey.update(b.passkey)
-
-  class ArmContext(suite_lib.Context):
-    def __init__(self):  # the trained arm as it is: nothing read from disk
-      self.path, self.config, self.cfg, self.params, self.window = workdir, sc, exp.model, params, sc.window
-      self.vocab = vocab_lib.get_vocabulary(data.vocab)
-      self.vocab_spec, self.name = data.vocab, os.path.basename(workdir)
-
-    def inference(self, mode=None):
-      return inference
-
-  ctx = ArmContext()
+  ev, data, b = exp.lm.eval, exp.lm.data, exp.baselines
+  sc = eval_config.SuiteSettings.from_dict(  # the suite's defaults, with this run's evaluation and b.rd / b.passkey
+      {"task": data.eval_task, "batch": ev.batch, "window": data.window, "mode": ev.mode, "topk": ev.topk,
+       "rd": b.rd, "passkey": b.passkey}, "baselines")
+  ctx = suite_lib.Context(path=workdir, settings=sc, cfg=exp.model, params=params, window=data.window,
+                          vocab=vocab_lib.get_vocabulary(data.vocab), vocab_spec=data.vocab,
+                          name=os.path.basename(workdir), own_inference=inference)  # the trained arm as it is
   suites = set(b.suites)
   return {"passkey": suite_lib.run_passkey(ctx) if "passkey" in suites else None,
           "rd": suite_lib.run_rd(ctx) if "rd" in suites and arm != "transformer_xl" else None}
@@ -104,9 +96,8 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> Dict:
   t_start = time.time()
   cfg, lm, b = exp.model, exp.lm, exp.baselines
   data, ev = lm.data, lm.eval
-  vocab = vocab_lib.get_vocabulary(data.vocab)
+  docs = lm.held_out()
   print(configs.format_corpus_views(lm), flush=True)
-  docs = configs.held_out_documents(lm, vocab)
   print(f"baselines: {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   results = {"config": exp.raw, "memory_tokens": [int(m) for m in ev.memory_tokens],
              "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),

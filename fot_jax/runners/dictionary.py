@@ -9,13 +9,24 @@ import time
 import jax
 import numpy as np
 
-from data_pipelines.copy_task import CopyBatches
-from data_pipelines.dictionary_lookup import DictionaryBatches
-from fot_jax import configs, plots, provenance
+from data_pipelines.copy_task import CopyBatches, CopyTask
+from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
+from fot_jax import plots, provenance
 from fot_jax.configs import Experiment
 from fot_jax.eval import dictionary
 from fot_jax.eval.rd import positive_attention_mass
 from fot_jax.runners import common
+from fot_jax.settings import CopyWarmupSettings
+
+
+def _copy_task(warmup: CopyWarmupSettings, task: DictionaryTask, span: int, arm: str) -> CopyTask:
+  """The copy warm-up over the last `warmup.num_symbols` ids of the dictionary vocabulary: all value
+  symbols and the last key symbols (fewer symbols: a much earlier induction phase change), spans of
+  FoT's window. The baseline's repeat comes in `warmup.baseline_chunks` shuffled pieces (no
+  fixed-offset copy)."""
+  n = min(warmup.num_symbols, task.num_symbols + task.num_value_symbols)
+  chunks = warmup.baseline_chunks if arm == "baseline" else 1
+  return CopyTask(span=span, num_symbols=n, symbol_offset=task.vocab_size - n, chunks=chunks)
 
 
 def _feeds(exp: Experiment, arm: str, seed: int, schedule):
@@ -28,7 +39,7 @@ def _feeds(exp: Experiment, arm: str, seed: int, schedule):
     return lookup
   feeds = {"dictionary": lookup}
   if exp.warmup.enabled:
-    copy = configs.dictionary_copy_task(exp.warmup, parts.task, fot.window, arm)
+    copy = _copy_task(exp.warmup, parts.task, fot.window, arm)
     feeds["copy"] = CopyBatches(copy, a.slots, a.window, seed)
   return feeds
 

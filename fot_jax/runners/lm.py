@@ -9,7 +9,6 @@ import time
 
 import jax
 
-from data_pipelines import vocab as vocab_lib
 from fot_jax import configs, provenance
 from fot_jax.configs import Experiment
 from fot_jax.plots import plot_curves
@@ -21,9 +20,7 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> dict:
   crossbatch, on doc-pinned slot batches; evaluates perplexity against memory size; writes results."""
   t_start = time.time()
   lm, cfg, seed = exp.lm, exp.model, exp.train.seed
-  data, ev = lm.data, lm.eval
-  vocab = vocab_lib.get_vocabulary(data.vocab)
-  vocab_lib.check_fits(vocab.vocab_size, cfg.vocab_size)
+  data, ev, docs = lm.data, lm.eval, lm.held_out()
   arms = ["fot"] + (["no_crossbatch"] if lm.no_crossbatch else [])
   print(configs.format_corpus_views(lm), flush=True)
   results = {"config": exp.raw, "data": {}, "corpus_views": [list(v) for v in lm.views]}
@@ -42,7 +39,6 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> dict:
     for task, r in report.items():
       print(f"[{name}] data {task}: {r['pipeline']}; bad input: {r['bad_input']}", flush=True)
     results["data"][name] = report
-  docs = configs.held_out_documents(lm, vocab)
   print(f"evaluating on {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   for name in arms:
     out = trained[name]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from data_pipelines import pipeline, vocab as vocab_lib
 from data_pipelines.copy_task import CopyBatches, RepeatedWindows
 from data_pipelines.retrieval_docs import RetrievalBatches, RetrievalSpec
-from fot_jax.configs import RepeatFeed, TextFeed, lm_copy_task
-from fot_jax.settings import CopyWarmupSettings, LMDataSettings
+from fot_jax.settings import CopyWarmupSettings, LMDataSettings, RepeatFeed, TextFeed
 
 
 def text_batches(data: LMDataSettings, task: str, seed: int):
@@ -39,7 +38,7 @@ def copy_batches(warmup: CopyWarmupSettings, seed: int, layout: str) -> CopyBatc
   window (memory keys carry no position, so the circuit carries over; short windows make it form
   in a fraction of the steps: docs/data.md); the no-crossbatch layout sees each document whole in
   one row."""
-  task = lm_copy_task(warmup, layout)
+  task = warmup.copy_task(layout)
   return CopyBatches(task, warmup.slots, task.span if layout == "fot" else task.doc_len, seed)
 
 

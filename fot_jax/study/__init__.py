@@ -7,13 +7,13 @@ A method is a set of ModelConfig overrides applied to the base (`rope_scaling`,
   * `plain`:  a long-context forward, the whole input in one window (no memory);
   * `memory`: FoT memory inference, windows of the base's length (or the method's `window`),
               earlier windows in the memory layers' memory (fot_jax/inference.py), read as the
-              suite config's eval.mode / eval.topk say, or as the method's own `memory` retrieval
-              (`memory_settings`: e.g. {"mode": "blocks", "block_size": 128, "block_reps": 16,
+              suite settings' eval.mode / eval.topk say, or as the method's own `memory` retrieval
+              (`MemoryRetrieval`: e.g. {"mode": "blocks", "block_size": 128, "block_reps": 16,
               "block_topk": 8}, InfLLM-style block memory, or {"mode": "topk", "topk": 32}).
 A method with `"finetune": True` (or a dict overriding fields of the study's shared `finetune`)
 is first trained from the base's parameters with its own model config into W/finetune/<name>
 (`fot_jax.train.train`: resumable, the same data, steps, optimiser and tokens per step for every
-fine-tuned method; see `finetune_settings`), then evaluated with the fine-tuned parameters.
+fine-tuned method; see `FinetuneSettings`), then evaluated with the fine-tuned parameters.
 Every method gets the same evaluation (the suites of fot_jax/eval, run on the method's model):
   * ppl:     perplexity of the same last `ppl.score_tokens` tokens of each held-out document,
              with L - score_tokens tokens of context before them, at every study length L (one
@@ -32,8 +32,8 @@ A bad input (a study file that does not load, a method with an unknown key or in
 unknown suite, a missing base) ends in one line `fot_jax.study: ...` naming it, exit status 2
 (fot_jax.cli); results are written atomically (fot_jax.jsonio).
 
-The package, a module per job: config (the study file's checks and resolved settings; light, no
-JAX or TensorFlow), methods (a method as a suite Context and its inference), finetune, evaluation
+The package, a module per job: config (the study file read once into StudySettings, a MethodSpec per
+method; light, no JAX or TensorFlow), methods (a method as a suite Context and its inference), finetune, evaluation
 (the suites for one method), run (the whole study) and report (table and figures); __main__ is the
 command line.
 """

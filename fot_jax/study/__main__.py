@@ -1,7 +1,8 @@
 """python -m fot_jax.study --config=experiments/study_*.py[:METHOD,METHOD] --workdir=W
 
-The study file is loaded and checked (fot_jax.study.config.check_config) before JAX or TensorFlow
-is imported, so a bad input ends in one line `fot_jax.study: ...`, exit status 2, at once."""
+The study file is loaded and read into StudySettings (fot_jax.study.config: every field, method and
+fine-tune checked) before JAX or TensorFlow is imported, so a bad input ends in one line
+`fot_jax.study: ...`, exit status 2, at once; the run takes the settings read here."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from fot_jax import cli  # noqa: E402
-from fot_jax.study.config import check_config  # noqa: E402
+from fot_jax.study.config import StudySettings  # noqa: E402
 
 
 PROG = "fot_jax.study"
@@ -36,12 +37,12 @@ def main(argv):
     except OSError as e:
       raise ValueError(f"--config={spec}: the study file failed to load: {e}") from None
     try:
-      check_config(config)
+      study = StudySettings.from_dict(config)
     except ValueError as e:
       raise ValueError(f"{spec}: {e}") from None
     # the run loads JAX and TensorFlow (seconds): only once the study file has passed its checks
     from fot_jax.study.run import run
-    run(config, f.workdir)
+    run(study, f.workdir)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import numpy as np
 
 from fot_jax.eval import perplexity, suite as suite_lib
 from fot_jax.eval.effective_length import effective_length
-from fot_jax.study.config import SUITES, method_spec, settings
+from fot_jax.study.config import SUITES, MethodSpec, StudySettings
 from fot_jax.study.methods import method_context
 
 
@@ -39,41 +39,40 @@ def perplexity_vs_length(ctx, lengths: List[int], score_tokens: int, n_docs: int
   return out
 
 
-def evaluate_method(base, method: Dict, config, params=None, done=None, save=None) -> Dict:
+def evaluate_method(base, method: MethodSpec, study: StudySettings, params=None, done=None, save=None) -> Dict:
   """All suites of the study for one method (with `params`, e.g. fine-tuned, instead of the
   base's) -> its result dict. `done`: an earlier result of the same method and settings whose
   suites are kept (only the missing ones run); `save(res)` is called after every suite, so an
   interrupted method resumes at its next suite."""
-  ctx = method_context(base, method, int(config.pad), params)
-  res = {"method": method_spec(method), "settings": settings(config, method), "seconds": {}, "suites_done": []}
+  ctx = method_context(base, method, study.pad, params)
+  res = {"method": method.spec, "settings": study.settings_of(method), "seconds": {}, "suites_done": []}
   for suite in (done or {}).get("suites_done", []):
-    if suite in config.suites:
+    if suite in study.suites:
       res["suites_done"].append(suite)
       if suite in done:
         res[suite], res["seconds"][suite] = done[suite], done["seconds"][suite]
-  for suite in config.suites:
+  for suite in study.suites:
     if suite in res["suites_done"]:
       print(f"[{ctx.name}] {suite}: done before, kept", flush=True)
       continue
     t0 = time.time()
     if suite == "ppl":
-      r = perplexity_vs_length(ctx, list(config.lengths), int(config.ppl.score_tokens), int(config.ppl.n_docs),
-                               int(config.eval.batch))
+      p = study.ppl
+      r = perplexity_vs_length(ctx, list(study.lengths), p.score_tokens, p.n_docs, study.eval.batch)
       # the longest length whose perplexity stays within ppl.tolerance x that at the shortest length
-      r["effective_length"] = effective_length(r["lengths"], r["perplexity"],
-                                               float(config.ppl.tolerance) * r["perplexity"][0], False)
+      r["effective_length"] = effective_length(r["lengths"], r["perplexity"], p.tolerance * r["perplexity"][0], False)
     elif suite == "passkey":
       r = suite_lib.run_passkey(ctx)
     elif suite == "niah":
       r = suite_lib.run_niah(ctx)
     elif suite == "rd":
       r = None  # r_d measures memory attention: only for methods that read memory, all of it
-      reads_all = (ctx.memory or {}).get("mode", "dense") == "dense"  # eval/rd.py attends to all of memory
-      if ctx.inference_path == "memory" and ctx.cfg.mem_layers and reads_all:
+      reads_all = method.memory is None or method.memory.mode == "dense"  # eval/rd.py attends to all of memory
+      if method.inference == "memory" and ctx.cfg.mem_layers and reads_all:
         r = suite_lib.run_rd(ctx)
-      elif ctx.memory:  # a retrieving method's r_d would be its dense twin's figure, not its own
+      elif method.memory:  # a retrieving method's r_d would be its dense twin's figure, not its own
         print(f"[{ctx.name}] rd: skipped (r_d is measured with dense memory; this method reads "
-              f"{ctx.memory['mode']})", flush=True)
+              f"{method.memory.mode})", flush=True)
     else:
       raise ValueError(f"study: unknown suite {suite!r}; known: {SUITES}")
     if r is not None:

@@ -3,14 +3,14 @@ parameters and inference path (PlainInference for a long-context forward, Memory
 memory inference, with the method's own memory retrieval)."""
 from __future__ import annotations
 
-from typing import Dict
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 
 from fot_jax.eval import suite as suite_lib
 from fot_jax.inference import Memory, MemoryInference, forward_window
-from fot_jax.study.config import INFERENCE_PATHS, memory_settings, method_model_config
+from fot_jax.study.config import MethodSpec
 
 
 class PlainInference:
@@ -54,36 +54,22 @@ def plain_width(t: int, pad: int) -> int:
   return -(-max(t, 1) // step) * step
 
 
-def method_context(base, method: Dict, pad: int, params=None):
-  """A suite Context for one method: the loaded base (params, vocab, data) with the method's config
-  and inference path (and `params` instead of the base's: a fine-tuned method); the suite runners
-  of fot_jax/eval/suite.py then run on it unchanged."""
-  path = method.get("inference", "plain")
-  if path not in INFERENCE_PATHS:
-    raise ValueError(f"study method {method.get('name')!r}: inference must be one of {INFERENCE_PATHS}, "
-                     f"got {path!r}")
-  cfg = method_model_config(base.cfg, method)
-  if path == "memory" and not cfg.mem_layers:
-    raise ValueError(f"study method {method['name']!r}: inference 'memory' needs mem_layers")
-  own = memory_settings(method)  # the method's memory retrieval (None: the suite config's)
-
-  class MethodContext(suite_lib.Context):
-    def __init__(self):  # shares the loaded base; nothing is read again
-      self.__dict__.update(base.__dict__)
-      self.cfg, self.name, self.inference_path = cfg, method["name"], path
-      if params is not None:
-        self.params = params
-      self.window = int(method.get("window") or base.window)  # the memory path's local window
-      self.memory = own
-
-    def inference(self, mode=None):
-      """The method's inference: a method's own `memory` retrieval wins over `mode` and the suite
-      config's eval.mode / eval.topk."""
-      c = self.config
-      if path != "memory":
-        return PlainInference(self.cfg, self.params, pad, c.chunk)
-      retrieval = dict(own or {"mode": mode or c.mode})
-      return MemoryInference(self.cfg, self.params, self.window, retrieval.pop("mode"), retrieval.pop("topk", c.topk),
-                             c.chunk, **retrieval)  # the rest: a block mode's block_size, block_reps, block_topk
-
-  return MethodContext()
+def method_context(base: suite_lib.Context, method: MethodSpec, pad: int, params=None) -> suite_lib.Context:
+  """A suite Context for one method: the loaded base (its vocabulary, data and suite settings) with
+  the method's config, window, name and inference (and `params` instead of the base's: a
+  fine-tuned method); the suite runners of fot_jax/eval/suite.py then run on it unchanged. A
+  method's own `memory` retrieval wins over the suite settings' mode and topk."""
+  cfg = method.model_config(base.cfg)
+  if method.inference == "memory" and not cfg.mem_layers:
+    raise ValueError(f"study method {method.name!r}: inference 'memory' needs mem_layers")
+  params = base.params if params is None else params
+  window = method.window or base.window  # the memory path's local window
+  s = base.settings
+  if method.inference == "plain":
+    inference = PlainInference(cfg, params, pad, s.chunk)
+  else:
+    retrieval = method.memory.to_dict() if method.memory else {"mode": s.mode}
+    # the rest: a block mode's block_size, block_reps, block_topk
+    inference = MemoryInference(cfg, params, window, retrieval.pop("mode"), retrieval.pop("topk", s.topk), s.chunk,
+                                **retrieval)
+  return dataclasses.replace(base, cfg=cfg, params=params, window=window, name=method.name, own_inference=inference)

@@ -9,7 +9,7 @@ import numpy as np
 
 from fot_jax import plots
 from fot_jax.eval import report
-from fot_jax.study.config import memory_label
+from fot_jax.study.config import MemoryRetrieval, path_label
 
 
 def _ft_label(r: Dict) -> str:
@@ -53,7 +53,8 @@ def markdown(study: Dict) -> str:
           + [f"{g} acc / eff. len" for g in grid_names] + ["r_d (d) / 1/d", "train s", "wall s"])
   rows = []
   for name, r in methods.items():
-    row = [name, memory_label(r["method"]), _ft_label(r)]
+    method = r["method"]  # the entry as the study file wrote it
+    row = [name, path_label(method.get("inference", "plain"), MemoryRetrieval.of_method(method)), _ft_label(r)]
     p = r.get("ppl")
     row += [_fmt(v) for v in p["perplexity"]] if p else ["-"] * len(lengths)
     row.append(_fmt(p["effective_length"]) if p else "-")
