@@ -43,7 +43,7 @@ def main():
   from fot_jax.train import TrainState, make_optimizer, make_train_step, stacked_plan
   config = _load(a.config)
   exp = configs.resolve(config)
-  batcher = lm_data.text_batches(exp.lm.data, exp.lm.data.task, exp.train.seed)
+  batcher = lm_data.feed_batches(exp.lm.feeds[None], exp.lm.data, exp.train.seed)  # the LM task's own slots
   batches = [batcher(0)]
   t0 = time.perf_counter()
   for step in range(1, a.batches):

@@ -43,7 +43,7 @@ def get_config():
   c.data.corpus, c.data.vocab = "stdlib", "byte"
   c.data.slots, c.data.windows_per_slot, c.data.window = 8, 2, 128
   c.data.min_doc_len = 64
-  # The copy warm-up (fot_jax.runners.lm_data.copy_batches). Measured (docs/data.md): over the 37
+  # The copy warm-up (fot_jax.runners.lm_data.feed_batches). Measured (docs/data.md): over the 37
   # characters of the text form (`copy_text`) with 64-256-byte spans most characters repeat
   # within a span, so "find this byte earlier, predict what followed" is ambiguous and the
   # copy never formed (2,000 steps); with distinct bytes in 32-token windows it does.

@@ -109,7 +109,7 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> Dict:
       arm_dir = os.path.join(workdir, name)
       schedule = (exp.schedule() if arm == "fot" else
                   arm_schedule(arm, fot_run["phases"], fot_run["steps_run"], data.windows_per_slot, b))
-      layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (lm_data.copy_batches)
+      layout = "no_crossbatch" if arm == "plain" else "fot"  # the copy warm-up's rows (lm_data.feed_batches)
       sources = lm_data.arm_batches(lm.feeds, schedule.tasks(), data, seed, layout)
       out = common.train_arm(model=cfg, settings=dataclasses.replace(exp.train, seed=seed), name=name,
                              schedule=schedule, batches=lm_data.train_input(sources), workdir=arm_dir,
