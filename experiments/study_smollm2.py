@@ -26,11 +26,11 @@ Some methods only: `--config=experiments/study_smollm2.py:block_memory_all,block
 import ml_collections
 
 from experiments import study_tiny
-from fot_jax.study.config import select_methods
-from fot_jax.eval import config as eval_config
+from fot_jax.study.settings import select_methods
+from fot_jax.eval import settings as eval_settings
 
 CHECKPOINT = "checkpoints/smollm2-135m"
-BLOCKS = {"mode": "blocks"}  # memory.BlockSpec's defaults (study.config.MemoryRetrieval): blocks of 128, 16 reps, top 8
+BLOCKS = {"mode": "blocks"}  # memory.BlockSpec's defaults (study.settings.MemoryRetrieval): blocks of 128, 16 reps, top 8
 L0, FACTOR = 8192, 2
 LENGTHS = (4096, 8192, 16384)
 
@@ -71,7 +71,7 @@ def get_config(only: str = ""):
   c.suites = ("ppl", "passkey")
   c.pad = 1024
   c.ppl = ml_collections.ConfigDict({"score_tokens": 256, "n_docs": 1, "tolerance": 1.1})
-  e = eval_config.default_config()
+  e = eval_settings.default_config()
   e.task, e.batch, e.window = "stdlib", 1, L0
   for g in (e.passkey, e.niah):
     g.depths, g.trials = (0.5,), 1

@@ -21,8 +21,8 @@ training on 2 cores, before their evaluation.
 import ml_collections
 
 from experiments import stdlib_lm_tiny
-from fot_jax.study.config import select_methods
-from fot_jax.eval import config as eval_config
+from fot_jax.study.settings import select_methods
+from fot_jax.eval import settings as eval_settings
 
 L0, FACTOR = 128, 8
 LENGTHS = (128, 256, 512, 1024)
@@ -103,7 +103,7 @@ def get_config(only: str = ""):
   c.suites = ("ppl", "passkey", "niah", "rd")
   c.pad = 64  # plain path: inputs padded to a multiple of this (study.plain_width; one compile per width)
   c.ppl = ml_collections.ConfigDict({"score_tokens": 64, "n_docs": 8, "tolerance": 1.1})
-  e = eval_config.default_config()
+  e = eval_settings.default_config()
   e.task, e.batch = "stdlib", 8
   for g in (e.passkey, e.niah):
     g.depths, g.trials = (0.0, 0.5, 1.0), 2

@@ -11,7 +11,7 @@ evaluates the same weights with other memory layers (0-based; 'all', or 'none' f
 with the eval.heads settings). Each suite writes W/eval/<suite>.json and its PNG plot(s);
 W/eval/report.md gathers them. `compare` puts several workdirs' results in one table per suite
 and on shared plots (OUT/compare.md, default ./eval_compare).
-Settings and their defaults: fot_jax/eval/config.py SuiteSettings. Flags and settings are checked
+Settings and their defaults: fot_jax/eval/settings.py SuiteSettings. Flags and settings are checked
 before JAX or TensorFlow is imported (a bad input ends in one line at once).
 """
 from __future__ import annotations
@@ -28,12 +28,12 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 
 from fot_jax import cli  # noqa: E402
-from fot_jax.eval import config as eval_config, report  # noqa: E402
+from fot_jax.eval import settings as eval_settings, report  # noqa: E402
 from fot_jax.model.config import ModelConfig  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "fot_jax checkpoint or Hugging Face directory.")
-_SUITE = flags.DEFINE_string("suite", ",".join(eval_config.SUITES), "Comma-separated suites: "
-                             + ", ".join(eval_config.SUITES))
+_SUITE = flags.DEFINE_string("suite", ",".join(eval_settings.SUITES), "Comma-separated suites: "
+                             + ", ".join(eval_settings.SUITES))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Results go to WORKDIR/eval/ (compare: WORKDIR/compare.md).")
 _NAME = flags.DEFINE_string("name", None, "Run name in tables and plots (default: the checkpoint's folder).")
 _MEM_LAYERS = flags.DEFINE_string("mem_layers", None, "Memory layers over the checkpoint's: comma-separated "
@@ -43,7 +43,7 @@ _OVERRIDES = flags.DEFINE_string("model_overrides", None, "ModelConfig fields ov
                                  "'{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}, "
                                  "\"attention_impl\": \"blockwise\"}' (a RoPE method with a window as long as the prompt).")
 try:  # config_flags parses the --eval.FIELD overrides here, at definition, not inside app.run
-  _EVAL = config_flags.DEFINE_config_dict("eval", eval_config.default_config(), "Suite settings.")
+  _EVAL = config_flags.DEFINE_config_dict("eval", eval_settings.default_config(), "Suite settings.")
 except (KeyError, AttributeError) as e:
   cli.fail("fot_jax.evaluate", cli.override_error(e, sys.argv))
 
@@ -55,7 +55,7 @@ def _layers(text: str):
   if text in ("", "none"):
     return ()
   if text.startswith("auto"):
-    eval_config.parse_auto(text)
+    eval_settings.parse_auto(text)
     return text
   if text == "all":
     return "all"  # fot_jax.from_pretrained reads it as every layer
@@ -100,7 +100,7 @@ def main(argv):
     suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
     layers = None if _MEM_LAYERS.value is None else _layers(_MEM_LAYERS.value)
     overrides = _model_overrides(_OVERRIDES.value)
-    settings = eval_config.SuiteSettings.from_dict(_EVAL.value)  # the one read of --eval.*
+    settings = eval_settings.SuiteSettings.from_dict(_EVAL.value)  # the one read of --eval.*
     # the suites load JAX and TensorFlow (seconds): only once the flags have passed their checks
     from fot_jax.eval import heads, suite as suite_lib
     if isinstance(layers, str) and layers.startswith("auto"):  # the probe runs on the model first

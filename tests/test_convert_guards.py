@@ -10,7 +10,7 @@ import sys
 import ml_collections
 import pytest
 
-from fot_jax.study import config as study_config
+from fot_jax.study import settings as study_settings
 from fot_jax import checkpoint
 from fot_jax.convert import ConvertError, mapping
 from fot_jax.convert.__main__ import main as convert_main
@@ -177,7 +177,7 @@ def test_study_config_checks_name_the_method():
   c = ml_collections.ConfigDict({"base": {"checkpoint": "x"}, "lengths": (32,), "suites": ("ppl",), "pad": 64,
                                  "ppl": {"score_tokens": 8, "n_docs": 1, "tolerance": 1.1}, "eval": {}})
   c.methods = [{"name": "a"}]
-  study_config.StudySettings.from_dict(c)
+  study_settings.StudySettings.from_dict(c)
   for methods, match in (([{"name": "a", "inference": "kv"}], "study method 'a': unknown inference path 'kv'"),
                          ([{"name": "a", "overides": {}}], r"study method 'a': unknown key\(s\) \['overides'\]"),
                          ([{"name": "../a"}], "method 0 needs a 'name'"),
@@ -185,10 +185,10 @@ def test_study_config_checks_name_the_method():
                          ([{"name": "a"}, {"name": "a"}], "method names must be unique")):
     c.methods = methods
     with pytest.raises(ValueError, match=match):
-      study_config.StudySettings.from_dict(c)
+      study_settings.StudySettings.from_dict(c)
   c.methods, c.suites = [{"name": "a"}], ("ppl", "perplexity")
   with pytest.raises(ValueError, match=r"unknown suite\(s\) \['perplexity'\]"):
-    study_config.StudySettings.from_dict(c)
+    study_settings.StudySettings.from_dict(c)
 
 
 # ---------------------------------------------------------------- bad inputs on the command line

@@ -13,7 +13,7 @@ import pytest
 
 from fot_jax import checkpoint
 from fot_jax.eval import heads, suite
-from fot_jax.eval import config as eval_config
+from fot_jax.eval import settings as eval_settings
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 
@@ -227,7 +227,7 @@ def test_mem_layers_auto(tmp_path, capsys):
 
 def test_heads_suite_writes_json_plot_and_report(tmp_path):
   ck, _ = _tiny_checkpoint(tmp_path)
-  c = eval_config.SuiteSettings.from_dict({"vocab": "byte", "heads": {"n_prompts": 2, "length": 200, "top": 2}})
+  c = eval_settings.SuiteSettings.from_dict({"vocab": "byte", "heads": {"n_prompts": 2, "length": 200, "top": 2}})
   work = str(tmp_path / "w")
   out = suite.run(ck, ["heads"], work, c, name="tiny")["heads"]
   assert np.shape(out["scores"]) == (3, 4) and len(out["picked"]) == 2

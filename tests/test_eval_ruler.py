@@ -16,7 +16,7 @@ from data_pipelines import train_tokenizer
 from data_pipelines.vocab import get_vocabulary
 from fot_jax import checkpoint
 from fot_jax.eval import report, ruler, suite
-from fot_jax.eval import config as eval_config
+from fot_jax.eval import settings as eval_settings
 from fot_jax.inference import MemoryInference, end_aligned
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
@@ -238,7 +238,7 @@ def test_real_tiny_model_through_generate_and_the_suite(tmp_path):
     np.testing.assert_array_equal(logits[len(i) - 1:-1].argmax(-1), d[len(i):])
   ck = str(tmp_path / "ckpt")
   checkpoint.save(ck, params, cfg, 16, vocab="byte")
-  c = eval_config.default_config()
+  c = eval_settings.default_config()
   c.batch = 2
   c.ruler.update(tasks=("niah_noise",), lengths=(600,), trials=2)
   res = suite.run(ck, ["ruler"], str(tmp_path / "w"), c, name="tiny")["ruler"]

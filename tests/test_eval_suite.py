@@ -10,7 +10,7 @@ import numpy as np
 
 from fot_jax import checkpoint
 from fot_jax.eval import perplexity, suite
-from fot_jax.eval import config as eval_config
+from fot_jax.eval import settings as eval_settings
 from fot_jax.inference import MemoryInference
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
@@ -26,7 +26,7 @@ def _tiny_run(tmp_path):
   corpus.mkdir()
   for i in range(5):
     (corpus / f"f{i}.py").write_text(f"# file {i}\n" + "".join(f"x{i}_{j} = {j * i}\n" for j in range(40)))
-  c = eval_config.SuiteSettings.from_dict({  # over the defaults
+  c = eval_settings.SuiteSettings.from_dict({  # over the defaults
       "task": f"files:{corpus}/*.py", "split": "train", "vocab": "byte", "batch": 4,
       "ppl": {"memory_tokens": (0, 32), "score_tokens": 16, "n_docs": 3},
       "rd": {"ds": (1, 2, 4), "n_docs": 4},
@@ -42,9 +42,9 @@ def _tiny_run(tmp_path):
 def test_all_suites_report_and_compare(tmp_path):
   ck, c = _tiny_run(tmp_path)
   work = str(tmp_path / "w")
-  out = suite.run(ck, list(eval_config.SUITES), work, c, name="tiny")
+  out = suite.run(ck, list(eval_settings.SUITES), work, c, name="tiny")
   files = set(os.listdir(os.path.join(work, "eval")))
-  for s in eval_config.SUITES:
+  for s in eval_settings.SUITES:
     assert f"{s}.json" in files and f"{s}.png" in files, s
     with open(os.path.join(work, "eval", f"{s}.json")) as f:
       saved = json.load(f)
@@ -56,7 +56,7 @@ def test_all_suites_report_and_compare(tmp_path):
   assert out["dict"]["dense"]["memory_tokens"] == [32] and out["dict"]["ivf"]["memory_tokens"] == [32, 128]
   assert out["dict"]["flat"]["recall"][-1] == 1.0
   text = open(os.path.join(work, "eval", "report.md")).read()
-  for s in eval_config.SUITES:
+  for s in eval_settings.SUITES:
     assert f"## {s}" in text and f"![{s}]({s}.png)" in text
   # compare: the same run evaluated again with another seed, through the CLI
   work2 = str(tmp_path / "w2")

@@ -169,7 +169,7 @@ def test_sweep_expands_into_named_runs_with_their_own_workdirs(capsys):
 def test_every_experiment_file_validates():
   """Files whose data (C4, arXiv, OpenLLaMA tokenizer) is not on this machine validate without
   the data checks; the others with them."""
-  from fot_jax.study import config as study_config
+  from fot_jax.study import settings as study_settings
   from fot_jax.model.config import get_size
   for name in sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments"))
                      if f.endswith(".py") and f not in ("__init__.py", "base_lm.py")):
@@ -178,7 +178,7 @@ def test_every_experiment_file_validates():
       base = get_size("tiny", num_layers=32)  # a checkpoint base (absent here): a deep stand-in
       if config.base.get("train") is not None:
         base = configs.resolve(config.base.train, check_data=True).model
-      for method in study_config.StudySettings.from_dict(config).methods:  # the study file read, fine-tunes too
+      for method in study_settings.StudySettings.from_dict(config).methods:  # the study file read, fine-tunes too
         method.model_config(base)
       continue
     local_data = name in ("dictionary_lookup", "stdlib_lm_tiny")

@@ -76,13 +76,13 @@ def test_checkpoint_and_hf_export_files_honour_the_umask(tmp_path, mask, tiny_ch
 
 
 def test_an_evaluation_suite_json_honours_the_umask(tmp_path, tiny_checkpoint):
-  from fot_jax.eval import config as eval_config
+  from fot_jax.eval import settings as eval_settings
   from fot_jax.eval import suite
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   for i in range(3):
     (corpus / f"f{i}.py").write_text("".join(f"x{i}_{j} = {j * i}\n" for j in range(40)))
-  c = eval_config.SuiteSettings.from_dict({  # ppl: the cheapest suite; all write through write_json
+  c = eval_settings.SuiteSettings.from_dict({  # ppl: the cheapest suite; all write through write_json
       "task": f"files:{corpus}/*.py", "split": "train", "vocab": "byte", "batch": 2,
       "ppl": {"memory_tokens": (0,), "score_tokens": 16, "n_docs": 1}})
   old = os.umask(0o022)

@@ -36,10 +36,10 @@ RAW_CONFIG_READERS: Dict[Tuple[str, str], str] = {
     ("fot_jax/curriculum.py", "Schedule.__init__"):
         "the curriculum's own reader: takes the plain dict resolve keeps (Experiment.curriculum)",
     ("fot_jax/convert/torch_reference.py", "_inv_freq"): "a transformers model config, not an experiment's",
-    ("fot_jax/study/config.py", "StudySettings.from_dict"): "the study's one reader: its file -> typed settings",
+    ("fot_jax/study/settings.py", "StudySettings.from_dict"): "the study's one reader: its file -> typed settings",
     ("fot_jax/study/__main__.py", "main"): "the study's command line: loads and checks the study file",
     ("fot_jax/evaluate.py", "main"): "the evaluation command line: reads its suite flags into typed settings",
-    ("fot_jax/eval/config.py", "SuiteSettings.from_dict"): "the suite's one reader: its ConfigDict -> SuiteSettings",
+    ("fot_jax/eval/settings.py", "SuiteSettings.from_dict"): "the suite's one reader: its ConfigDict -> SuiteSettings",
 }
 
 

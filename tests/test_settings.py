@@ -8,7 +8,7 @@ import pytest
 from experiments import dictionary_lookup
 from fot_jax import configs
 from fot_jax.settings import OptimSettings, TrainSettings
-from fot_jax.study import config as study_config
+from fot_jax.study import settings as study_settings
 from fot_jax.train import make_optimizer
 
 
@@ -62,7 +62,7 @@ def test_every_reader_of_optim_settings_is_the_one_validator():
   study = ml_collections.ConfigDict({"finetune": {"steps": 2, "length": 64, "slots": 2, "task": "stdlib",
                                              "optim": {"lr": 1e-3, "b1": 1.5}}})
   with pytest.raises(ValueError, match=r"^study method 'm': finetune\.optim\.b1: must be in \[0, 1\)"):
-    study_config.MethodSpec.from_dict({"name": "m", "finetune": True}, study.finetune)
+    study_settings.MethodSpec.from_dict({"name": "m", "finetune": True}, study.finetune)
   with pytest.raises(ValueError, match=r"^optim\.b1: must be in \[0, 1\)"):
     make_optimizer({"lr": 1e-3, "b1": 1.5})
 

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from fot_jax.study import config as study_config
+from fot_jax.study import settings as study_settings
 from fot_jax.study import evaluation as study_evaluation
 from fot_jax.study import finetune as study_finetune
 from fot_jax.study import methods as study_methods
@@ -20,15 +20,15 @@ from fot_jax.study import report as study_report
 from fot_jax.study import run as study_run
 from fot_jax import checkpoint
 from fot_jax.eval import suite
-from fot_jax.eval import config as eval_config
+from fot_jax.eval import settings as eval_settings
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel
 from tests.test_raw_config import assert_only_listed_readers, record_config_reads
 
 L0 = 16
-read = study_config.StudySettings.from_dict  # a study file's ConfigDict -> StudySettings
-method = study_config.MethodSpec.from_dict  # one method entry (and the study's finetune) -> MethodSpec
+read = study_settings.StudySettings.from_dict  # a study file's ConfigDict -> StudySettings
+method = study_settings.MethodSpec.from_dict  # one method entry (and the study's finetune) -> MethodSpec
 PI = {"name": "pi", "inference": "plain", "overrides": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}}
 
 
@@ -50,7 +50,7 @@ def tiny(tmp_path_factory):
   c.suites = ("ppl", "niah", "rd")  # passkey is the same grid runner with longer prompts (a compile more)
   c.pad = 256  # every plain input (ppl 32/64, NIAH prompts ~100-200 tokens) in one compiled width
   c.ppl = ml_collections.ConfigDict({"score_tokens": 8, "n_docs": 2, "tolerance": 1.1})
-  e = eval_config.default_config()
+  e = eval_settings.default_config()
   e.task, e.split, e.vocab, e.batch = f"files:{corpus}/*.py", "train", "byte", 4
   for g in (e.passkey, e.niah):
     g.depths, g.trials = (0.0, 1.0), 1
@@ -265,7 +265,7 @@ def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
   from fot_jax import crossbatch
   from fot_jax.curriculum import Schedule
   k, slots = 3, 4
-  sched = Schedule(study_config.crossbatch_curriculum({"kind": "stages", "stages": [(0, {"d": 1}), (5, {"d": 3})]}, k))
+  sched = Schedule(study_settings.crossbatch_curriculum({"kind": "stages", "stages": [(0, {"d": 1}), (5, {"d": 3})]}, k))
   assert sched.pack == k
   for step, d in ((0, 1), (4, 1), (5, 3)):
     plan = crossbatch.plan_from_spec(slots * k, sched.spec(step))
@@ -277,7 +277,7 @@ def test_finetune_crossbatch_d_alone_gives_every_window_its_earlier_windows():
       others = plan.sources[row][live & ~plan.positive[row]]
       assert len(others) == j * (d - 1) and all(o // k != slot and o % k < j for o in others)
   # an explicit spec passes through unchanged
-  assert study_config.crossbatch_curriculum({"d": 2, "w": 2}, k) == {"kind": "constant", "spec": {"d": 2, "w": 2}}
+  assert study_settings.crossbatch_curriculum({"d": 2, "w": 2}, k) == {"kind": "constant", "spec": {"d": 2, "w": 2}}
 
 
 BLOCKS = {"name": "blocks", "inference": "memory", "overrides": {"mem_layers": (1,)},
@@ -343,7 +343,7 @@ def test_block_memory_method_reads_blocks_and_every_block_retrieved_is_dense_mem
   s_blocks, s_few, s_dense = (study.settings_of(method(m)) for m in (BLOCKS, few, dense_m))
   assert s_blocks["memory"] == {"mode": "blocks", "block_size": 8, "block_reps": 2, "block_topk": 8}
   assert "memory" not in s_dense and s_dense == study.settings_of()
-  assert not study_config.same_settings(s_blocks, s_dense) and not study_config.same_settings(s_blocks, s_few)
+  assert not study_settings.same_settings(s_blocks, s_dense) and not study_settings.same_settings(s_blocks, s_few)
   assert res["blocks"]["settings"] == s_blocks
   table = study_report.markdown({"base": ck, "window": L0, "lengths": list(c.lengths), "wall_seconds": 0.0,
                           "methods": {n: dict(r, wall_seconds=0.0) for n, r in res.items()}})

@@ -14,7 +14,7 @@ from data_pipelines import pipeline
 from data_pipelines.vocab import HFVocab, checkpoint_vocab_spec, get_vocabulary
 from fot_jax import checkpoint
 from fot_jax.eval import passkey, retrieval, suite
-from fot_jax.eval import config as eval_config
+from fot_jax.eval import settings as eval_settings
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
 
@@ -101,7 +101,7 @@ def _ckpt(tmp_path, name, vocab_size, **meta):
 
 
 def test_checkpoint_vocabulary_no_silent_byte(tmp_path, tok_path):
-  c = eval_config.SuiteSettings()
+  c = eval_settings.SuiteSettings()
   bare = _ckpt(tmp_path, "bare", 260)
   with pytest.raises(ValueError, match=f"{bare}: no tokenizer found.*--eval.vocab=byte"):
     suite.Context.from_checkpoint(bare, c)  # (the evaluate CLI prints a ValueError as one `evaluate error:` line)

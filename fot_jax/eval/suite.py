@@ -31,7 +31,7 @@ from data_pipelines import pipeline, tasks, vocab as vocab_lib
 from fot_jax import jsonio
 from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import dictionary, heads, niah, passkey, perplexity, report, retrieval, ruler
-from fot_jax.eval.config import SUITES, SuiteSettings
+from fot_jax.eval.settings import SUITES, SuiteSettings
 from fot_jax.eval.effective_length import effective_length
 from fot_jax.eval.rd import positive_attention_mass
 from fot_jax.inference import MemoryInference

@@ -33,7 +33,7 @@ from data_pipelines import vocab as vocab_lib
 from fot_jax import cli, configs, jsonio, plots, provenance, recurrent
 from fot_jax.configs import Experiment
 from fot_jax.curriculum import Schedule
-from fot_jax.eval import config as eval_config, suite as suite_lib
+from fot_jax.eval import settings as eval_settings, suite as suite_lib
 from fot_jax.runners import common, lm_data
 from fot_jax.settings import BASELINE_ARMS, BaselinesSettings
 
@@ -80,7 +80,7 @@ def _inference(arm: str, exp: Experiment, params):
 def _suite_extras(arm: str, workdir: str, exp: Experiment, params, inference) -> Dict:
   """r_d (memory arms) and passkey of one trained arm, with the evaluation suite's runners."""
   ev, data, b = exp.lm.eval, exp.lm.data, exp.baselines
-  sc = eval_config.SuiteSettings.from_dict(  # the suite's defaults, with this run's evaluation and b.rd / b.passkey
+  sc = eval_settings.SuiteSettings.from_dict(  # the suite's defaults, with this run's evaluation and b.rd / b.passkey
       {"task": data.eval_task, "batch": ev.batch, "window": data.window, "mode": ev.mode, "topk": ev.topk,
        "rd": b.rd, "passkey": b.passkey}, "baselines")
   ctx = suite_lib.Context(path=workdir, settings=sc, cfg=exp.model, params=params, window=data.window,

@@ -1,6 +1,6 @@
 """python -m fot_jax.study --config=experiments/study_*.py[:METHOD,METHOD] --workdir=W
 
-The study file is loaded and read into StudySettings (fot_jax.study.config: every field, method and
+The study file is loaded and read into StudySettings (fot_jax.study.settings: every field, method and
 fine-tune checked) before JAX or TensorFlow is imported, so a bad input ends in one line
 `fot_jax.study: ...`, exit status 2, at once; the run takes the settings read here."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from fot_jax import cli  # noqa: E402
-from fot_jax.study.config import StudySettings  # noqa: E402
+from fot_jax.study.settings import StudySettings  # noqa: E402
 
 
 PROG = "fot_jax.study"

@@ -11,7 +11,7 @@ import numpy as np
 
 from fot_jax.eval import perplexity, suite as suite_lib
 from fot_jax.eval.effective_length import effective_length
-from fot_jax.study.config import SUITES, MethodSpec, StudySettings
+from fot_jax.study.settings import SUITES, MethodSpec, StudySettings
 from fot_jax.study.methods import method_context
 
 

@@ -15,7 +15,7 @@ from fot_jax.curriculum import Schedule
 from fot_jax.jsonio import read_json, write_json
 from fot_jax.model.init import init_params
 from fot_jax.settings import TrainSettings
-from fot_jax.study.config import FinetuneSettings, MethodSpec, crossbatch_curriculum
+from fot_jax.study.settings import FinetuneSettings, MethodSpec, crossbatch_curriculum
 from fot_jax.study.methods import method_context
 from fot_jax.train import train
 

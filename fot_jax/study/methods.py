@@ -10,7 +10,7 @@ import numpy as np
 
 from fot_jax.eval import suite as suite_lib
 from fot_jax.inference import Memory, MemoryInference, forward_window
-from fot_jax.study.config import MethodSpec
+from fot_jax.study.settings import MethodSpec
 
 
 class PlainInference:

@@ -9,7 +9,7 @@ import numpy as np
 
 from fot_jax import plots
 from fot_jax.eval import report
-from fot_jax.study.config import MemoryRetrieval, path_label
+from fot_jax.study.settings import MemoryRetrieval, path_label
 
 
 def _ft_label(r: Dict) -> str:

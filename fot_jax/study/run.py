@@ -13,7 +13,7 @@ from fot_jax import configs
 from fot_jax.eval import suite as suite_lib
 from fot_jax.jsonio import read_json, write_json
 from fot_jax.runners import lm as lm_runner
-from fot_jax.study.config import MethodSpec, StudyBase, StudySettings, same_settings
+from fot_jax.study.settings import MethodSpec, StudyBase, StudySettings, same_settings
 from fot_jax.study.evaluation import evaluate_method
 from fot_jax.study.finetune import finetune_batches, finetune_method, finetune_plan
 from fot_jax.study.methods import method_context

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from fot_jax.eval.config import SuiteSettings
+from fot_jax.eval.settings import SuiteSettings
 from fot_jax.model.config import BlockSpec
 from fot_jax.settings import OptimSettings
 
