@@ -17,15 +17,19 @@ from fot_jax.train import NoCheckpoint, train
 
 
 def train_arm(*, model: ModelConfig, settings: TrainSettings, name: str, schedule: Schedule, batches,
-              workdir: str, do_train: bool, vocab: str, window: int, run_fields: Dict[str, Any]) -> Dict[str, Any]:
-  """Trains (or resumes) one arm in its workdir; do_train=False (--mode=evaluate) restores its latest
-  checkpoint and trains nothing, refusing a workdir with no restorable step. `window`: the run's local
-  window, recorded for evaluation (not a warm-up phase's own window). Adds to train()'s output the
-  arm's final training accuracy and loss (means over the last 5 and 10 logged steps) and steps_run."""
+              workdir: str, vocab: str, do_train: bool = True, window: Optional[int] = None,
+              run_fields: Optional[Dict[str, Any]] = None, init_params=None) -> Dict[str, Any]:
+  """Trains (or resumes) one arm in its workdir (the experiments' arms, a study's fine-tunes);
+  do_train=False (--mode=evaluate) restores its latest checkpoint and trains nothing, refusing a
+  workdir with no restorable step. `window`: the run's local window, recorded for evaluation (not a
+  warm-up phase's own window); init_params: the parameters to start from (a fine-tune's base). Adds
+  to train()'s output the arm's final training accuracy and loss (means over the last 5 and 10
+  logged steps) and steps_run."""
   vocab = os.path.abspath(vocab) if os.path.isfile(vocab) else vocab  # evaluation finds it from anywhere
+  meta = {"vocab": vocab} if window is None else {"vocab": vocab, "window": int(window)}
   try:
-    out = train(model, settings, schedule, batches, workdir, name=name, model_meta={"vocab": vocab, "window": int(window)},
-                run_fields=run_fields, restore_only=not do_train)
+    out = train(model, settings, schedule, batches, workdir, name=name, init_params_tree=init_params,
+                model_meta=meta, run_fields=run_fields, restore_only=not do_train)
   except NoCheckpoint as e:
     raise NoCheckpoint(f"--mode=evaluate: nothing to evaluate for arm {name!r}: {e}; train first "
                        f"(--mode=train) or point --workdir at a trained run") from None

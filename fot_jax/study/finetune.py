@@ -13,11 +13,11 @@ from data_pipelines import pipeline, vocab as vocab_lib
 from fot_jax import checkpoint, crossbatch
 from fot_jax.curriculum import Schedule
 from fot_jax.jsonio import read_json, write_json
+from fot_jax.runners import common
 from fot_jax.model.init import init_params
 from fot_jax.settings import TrainSettings
 from fot_jax.study.settings import FinetuneSettings, MethodSpec, crossbatch_curriculum
 from fot_jax.study.methods import method_context
-from fot_jax.train import train
 
 
 def finetune_plan(base, method: MethodSpec, pad: int):
@@ -94,14 +94,14 @@ def finetune_method(base, method: MethodSpec, pad: int, workdir: str):
   print(f"[study] fine-tune {name}: " + ("done before, restoring its parameters" if done else
         f"{s.steps} steps of {s.slots} x {s.length:,} tokens ({k} window(s) of {window:,} per slot) "
         f"into {out_dir}"), flush=True)
-  out = train(ctx.cfg, tc, schedule, batches, out_dir, name=f"ft {name}", init_params_tree=init,
-              model_meta={"vocab": s.vocab or base.vocab_spec})
+  out = common.train_arm(model=ctx.cfg, settings=tc, name=f"ft {name}", schedule=schedule, batches=batches,
+                         workdir=out_dir, vocab=s.vocab or base.vocab_spec, init_params=init)
   hist = out["history"]
   if hist:
     rds = [h["rd"] for h in hist[-10:] if np.isfinite(h["rd"])]
     done = {"seconds": out["seconds"], "steps": s.steps, "steps_run_last_session": len(hist),
             "tokens_per_step": s.slots * s.length, "window": window, "windows_per_slot": k,
-            "final_loss": float(np.mean([h["loss"] for h in hist[-10:]])),
+            "final_loss": out["final_loss"],
             "final_rd": float(np.mean(rds)) if rds else None, "phases": out["phases"]}
     write_json(record_path, dict(record, result=done))
   elif not done:  # finished checkpoints without a record of them (interrupted between the two)
