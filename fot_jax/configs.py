@@ -116,6 +116,40 @@ def _plain(x):
   return x.to_dict() if hasattr(x, "to_dict") else dict(x or {})
 
 
+# The fields of each section resolve reads as a whole (the others are read by their own typed reader,
+# which refuses unknown fields itself): a misspelt field in an experiment file fails naming it, as a
+# misspelt --config override does.
+_RUN_FIELDS = {"steps", "loss_on", "accum_steps", "log_every", "checkpoint_every", "crossbatch_scope"}
+_SECTIONS = {
+    "lm": {"experiment", "seed", "model", "optim", "data", "train", "eval", "mesh", "warmup", "baseline"},
+    "dictionary_lookup": {"experiment", "seed", "extra_seeds", "model", "optim", "data", "eval", "mesh", "warmup",
+                          "fot", "baseline"},
+}
+_SECTIONS["baselines"] = _SECTIONS["lm"] | {"baselines"}
+_FIELDS = {
+    ("lm", "train"): _RUN_FIELDS | {"init_from", "trainable", "curriculum"},
+    ("lm", "baseline"): {"enabled"},
+    ("dictionary_lookup", "fot"): _RUN_FIELDS | {"window", "slots", "disjoint_keys", "curriculum"},
+    ("dictionary_lookup", "baseline"): _RUN_FIELDS | {"window", "slots", "disjoint_keys", "enabled"},
+    ("model",): {"size", "overrides"},
+}
+
+
+def _check_known(config) -> None:
+  """Every top-level section, and every field of the sections resolve reads whole, is one it knows."""
+  kind = config.experiment
+  lm_kind = "lm" if kind in LM_EXPERIMENTS else kind
+  unknown = sorted(set(config.keys()) - _SECTIONS[kind])
+  if unknown:
+    raise ValueError(f"unknown section(s) {unknown} for experiment {kind!r}; known: {sorted(_SECTIONS[kind])}")
+  for key, known in _FIELDS.items():
+    section = key[-1]
+    if (len(key) == 1 or key[0] == lm_kind) and config.get(section) is not None:
+      unknown = sorted(set(config[section].keys()) - known)
+      if unknown:
+        raise ValueError(f"{section}: unknown field(s) {unknown}; known: {sorted(known)}")
+
+
 def resolve(config, check_data: bool = True) -> Experiment:
   """The experiment file's ConfigDict -> a checked Experiment; raises ValueError naming the bad field.
 
@@ -123,6 +157,7 @@ def resolve(config, check_data: bool = True) -> Experiment:
   train.init_from and held-out documents): --mode=plan reads no data."""
   if config.get("experiment") not in EXPERIMENTS:
     raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {config.get('experiment')!r}")
+  _check_known(config)
   if config.experiment in LM_EXPERIMENTS:
     return _resolve_lm(config, check_data)
   return _resolve_dictionary(config)

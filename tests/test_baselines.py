@@ -101,7 +101,9 @@ def test_merge_joins_arms_and_seeds_run_apart(tmp_path):
     (tmp_path / f"p{i}" / "results.json").write_text(json.dumps(part))
   (tmp_path / "p2").mkdir()  # FoT seed 0 again, with other perplexities
   (tmp_path / "p2" / "results.json").write_text(json.dumps(again))
-  for bad in (["p0", "p2"], ["p0", "nowhere"]):  # parts that disagree, a part without results
+  (tmp_path / "dict").mkdir()  # a dictionary-lookup run's results
+  (tmp_path / "dict" / "results.json").write_text(json.dumps({"fot": {"accuracy": [1.0]}}))
+  for bad in (["p0", "p2"], ["p0", "nowhere"], ["p0", "dict"]):  # disagree, no results, not a baselines run
     with pytest.raises(SystemExit) as exit_:  # one line, exit status 2, nothing written
       baselines.main(["--out", str(tmp_path / "bad")] + [str(tmp_path / p) for p in bad])
     assert exit_.value.code == 2 and not (tmp_path / "bad").exists()

@@ -32,6 +32,7 @@ RAW_CONFIG_READERS: Dict[Tuple[str, str], str] = {
     ("fot_jax/configs.py", "_copy_warmup"): "resolve's reader of c.warmup",
     ("fot_jax/configs.py", "_dictionary_task"): "resolve's reader of the dictionary task (c.data)",
     ("fot_jax/configs.py", "_plain"): "resolve's ConfigDict -> dict",
+    ("fot_jax/configs.py", "_check_known"): "resolve's check that every section and field of the file is one it reads",
     ("fot_jax/configs.py", "apply_overrides"): "a sweep run's overrides are applied to the ConfigDict before it is resolved",
     ("fot_jax/curriculum.py", "Schedule.__init__"):
         "the curriculum's own reader: takes the plain dict resolve keeps (Experiment.curriculum)",

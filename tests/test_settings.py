@@ -217,3 +217,22 @@ def test_the_baselines_section_is_read_once():
     bad.baselines[field] = value
     with pytest.raises(ValueError, match=message):
       configs.resolve(bad, check_data=False)
+
+
+def test_a_misspelt_field_in_an_experiment_file_fails_naming_it():
+  """resolve refuses what no reader would read: a misspelt field of a section it reads whole, or an
+  unknown section (the command line's parser catches only misspelt overrides)."""
+  from experiments import stdlib_lm_tiny
+  for make, section, field, message in (
+      (stdlib_lm_tiny.get_config, "train", "stpes", r"^train: unknown field\(s\) \['stpes'\]"),
+      (dictionary_lookup.get_config, "baseline", "windw", r"^baseline: unknown field\(s\) \['windw'\]"),
+      (dictionary_lookup.get_config, "fot", "stpes", r"^fot: unknown field\(s\) \['stpes'\]"),
+      (dictionary_lookup.get_config, "model", "sise", r"^model: unknown field\(s\) \['sise'\]")):
+    config = make()
+    config[section][field] = 3
+    with pytest.raises(ValueError, match=message):
+      configs.resolve(config, check_data=False)
+  config = dictionary_lookup.get_config()
+  config.evall = ml_collections.ConfigDict({"n_docs": 2})
+  with pytest.raises(ValueError, match=r"^unknown section\(s\) \['evall'\] for experiment 'dictionary_lookup'"):
+    configs.resolve(config)

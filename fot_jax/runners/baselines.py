@@ -246,7 +246,11 @@ def main(argv=None) -> None:
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
       raise FileNotFoundError(f"no results.json in {missing}")
-    merged = merge_results([jsonio.read_json(p) for p in paths])
+    parts = [jsonio.read_json(p) for p in paths]
+    for path, part in zip(paths, parts):  # a dictionary or LM run's results.json has other fields
+      if not isinstance(part, dict) or not {"seeds", "memory_tokens", "training"} <= set(part):
+        raise ValueError(f"{path}: not the results of a 'baselines' experiment (no per-arm seeds and memory sizes)")
+    merged = merge_results(parts)
     os.makedirs(a.out, exist_ok=True)
     write_results(merged, a.out)
 

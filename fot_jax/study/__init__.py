@@ -26,7 +26,7 @@ Results: W/methods/<name>.json per method (a finished method is skipped on a rer
 spec and settings; W/methods/<name>.partial.json holds its suites finished so far, so a stopped run
 resumes at the next suite, and adding a suite to `suites` runs only that suite), then
 W/study.json, W/study.md (one table) and figures W/study_*.png.
-The base is `base.checkpoint`, or trained first into W/base by `fot_jax.lm_runs.run_lm` from
+The base is `base.checkpoint`, or trained first into W/base by `fot_jax.runners.lm.run` from
 `base.train` (an LM experiment config; skipped when W/base already holds the finished run).
 A bad input (a study file that does not load, a method with an unknown key or inference path, an
 unknown suite, a missing base) ends in one line `fot_jax.study: ...` naming it, exit status 2

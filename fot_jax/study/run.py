@@ -32,7 +32,7 @@ def ensure_base(base: StudyBase, workdir: str) -> str:
   if os.path.exists(os.path.join(base_dir, "results.json")):
     print(f"[study] base: {ck} (trained before)", flush=True)
     return ck
-  exp = configs.resolve(base.train)  # raw: the base LM experiment (lead converts)
+  exp = configs.resolve(base.train)  # the base's own experiment, resolved (with its data) once, here
   print(f"[study] base: training {exp.train.steps} steps into {base_dir}", flush=True)
   t0 = time.time()
   lm_runner.run(exp, base_dir)

@@ -244,7 +244,7 @@ class StudyBase:
   `train`, an LM experiment ConfigDict trained once into W/base."""
   checkpoint: str = ""
   missing_hint: str = ""
-  train: Any = None  # raw: the base LM experiment, handed to lm_runs.run_lm as written (lead converts)
+  train: Any = None  # the base's LM experiment file as written: configs.resolve reads it where it is trained
 
 
 @dataclasses.dataclass(frozen=True)
