@@ -22,7 +22,12 @@ import ml_collections
 SLOTS = 16
 
 
-def get_config():
+def get_config(variant: str = ""):
+  """The demo; `--config=experiments/dictionary_lookup.py:test` is get_test_config() (seconds, not minutes)."""
+  if variant == "test":
+    return get_test_config()
+  if variant:
+    raise ValueError(f"experiments/dictionary_lookup.py: variant must be '' or 'test', got {variant!r}")
   c = ml_collections.ConfigDict()
   c.experiment = "dictionary_lookup"
   c.seed = 0
