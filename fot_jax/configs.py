@@ -46,6 +46,7 @@ class LMExperiment:
   views: Tuple[Tuple[str, str, str, str], ...]
   no_crossbatch: bool = False
   eval_docs: Tuple[np.ndarray, ...] = ()
+  run_fields: Dict[str, Any] = dataclasses.field(default_factory=dict)  # every arm's: _lm_run_fields
 
   def held_out(self) -> Tuple[np.ndarray, ...]:
     """The held-out documents; an experiment resolved without its data (check_data=False) has none."""
@@ -65,6 +66,7 @@ class DictionaryExperiment:
   baseline_train: TrainSettings
   eval: DictionaryEvalSettings
   seeds: Tuple[int, ...]
+  run_fields: Dict[str, Dict[str, Any]]  # per arm: _dictionary_run_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,23 +96,6 @@ class Experiment:
     fot = self.dictionary.arms["fot"]
     return fot.slots * self.schedule().pack, fot.window, self.train.accum_steps
 
-  def run_fields(self, arm: str = "fot") -> Dict[str, Any]:
-    """What defines an arm's training besides its model, optimiser and train settings (the workdir's
-    fingerprint, fot_jax.train.run_fingerprint), as configured: the data, the copy warm-up, the
-    curriculum (a following arm's own is derived from how FoT's ran, so FoT's must not change) and,
-    for a dictionary arm, its window and slots."""
-    raw = self.raw
-    if self.lm is not None:
-      fields = {"data": raw["data"], "curriculum": raw["train"]["curriculum"]}
-      if raw.get("warmup") is not None:
-        fields["warmup"] = raw["warmup"]
-      return fields
-    a = self.dictionary.arms[arm]
-    fields = {"data": raw["data"], "warmup": raw.get("warmup"), arm: {"window": a.window, "slots": a.slots},
-              "curriculum": raw["fot"]["curriculum"]}
-    fields.setdefault("fot", {})["disjoint_keys"] = self.dictionary.arms["fot"].disjoint_keys
-    return fields
-
 
 def _plain(x):
   return x.to_dict() if hasattr(x, "to_dict") else dict(x or {})
@@ -133,6 +118,25 @@ _FIELDS = {
     ("dictionary_lookup", "baseline"): _RUN_FIELDS | {"window", "slots", "disjoint_keys", "enabled"},
     ("model",): {"size", "overrides"},
 }
+
+
+# What defines an arm's training besides its model, optimiser and train settings (the workdir's
+# fingerprint, fot_jax.train.run_fingerprint), as configured: the data, the copy warm-up, the curriculum
+# (a following arm's own is derived from how FoT's ran, so FoT's must not change) and, for a dictionary
+# arm, its window and slots.
+def _lm_run_fields(config) -> Dict[str, Any]:
+  fields = {"data": _plain(config.data), "curriculum": _plain(config.train.curriculum)}
+  if config.get("warmup") is not None:
+    fields["warmup"] = _plain(config.warmup)
+  return fields
+
+
+def _dictionary_run_fields(config, arms: Dict[str, DictionaryArm], arm: str) -> Dict[str, Any]:
+  a = arms[arm]
+  fields = {"data": _plain(config.data), "warmup": _plain(config.warmup) if config.get("warmup") is not None else None,
+            arm: {"window": a.window, "slots": a.slots}, "curriculum": _plain(config.fot.curriculum)}
+  fields.setdefault("fot", {})["disjoint_keys"] = arms["fot"].disjoint_keys
+  return fields
 
 
 def _check_known(config) -> None:
@@ -251,7 +255,8 @@ def _resolve_dictionary(config) -> Experiment:
       if m + task.queries_len > a.window and m % a.window:
         raise ValueError(f"eval.memory_tokens: {m} must be a multiple of {arm}.window={a.window}")
   seeds = (int(config.seed),) + tuple(int(s) for s in config.get("extra_seeds", ()))
-  parts = DictionaryExperiment(task=task, arms=arms, baseline_train=ts["baseline"], eval=ev, seeds=seeds)
+  parts = DictionaryExperiment(task=task, arms=arms, baseline_train=ts["baseline"], eval=ev, seeds=seeds,
+                               run_fields={a: _dictionary_run_fields(config, arms, a) for a in arms})
   return Experiment(kind=config.experiment, model=cfg, train=ts["fot"], curriculum=curriculum, warmup=warmup,
                     raw=config.to_dict(), dictionary=parts)
 
@@ -322,20 +327,6 @@ def _corpus_views(data: LMDataSettings, feeds: Dict[Optional[str], Any], raw_dat
   return tuple(out)
 
 
-def format_corpus_views(lm: LMExperiment) -> str:
-  """The lines a run prints at its start: the corpus, then each view and the task it reads; a view
-  reading other text than the corpus is marked, so a forgotten override shows before training."""
-  data = lm.data
-  lines = [f"data: corpus {data.corpus!r} (data.corpus); each view reads:"]
-  for view, field, task, split in lm.views:
-    mark = "" if task == data.corpus else "   <- not the corpus"
-    lines.append(f"  {view:<36} {task!r} split {split!r} ({field}){mark}")
-  if data.task != data.corpus and not any(v[0] == "training text" for v in lm.views):
-    lines.append(f"  note: data.task={data.task!r} is read by no phase of this curriculum; data.corpus sets "
-                 f"what every view reads")
-  return "\n".join(lines)
-
-
 def _resolve_lm(config, check_data: bool) -> Experiment:
   """Language-model experiments (experiments/base_lm.py fields): model, optimizer, curriculum against
   the batch shape, feeds, evaluation, the mesh and, for 'baselines', the arms. check_data: also load
@@ -350,7 +341,8 @@ def _resolve_lm(config, check_data: bool) -> Experiment:
   feeds = _lm_feeds(data, sched, warmup)
   lm = LMExperiment(data=data, eval=LMEvalSettings.from_dict(config.eval, "eval"), feeds=feeds,
                     views=_corpus_views(data, feeds, _plain(config.data)),
-                    no_crossbatch=bool(config.get("baseline", {}).get("enabled", False)))
+                    no_crossbatch=bool(config.get("baseline", {}).get("enabled", False)),
+                    run_fields=_lm_run_fields(config))
   if check_data:
     from data_pipelines import tasks, vocab as vocab_lib  # TensorFlow/SeqIO: only LM runs need them
     vocab = vocab_lib.get_vocabulary(data.vocab)

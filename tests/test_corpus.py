@@ -7,6 +7,7 @@ import pytest
 from data_pipelines import sources
 from experiments import smollm2_fot, smollm2_retrieval, stdlib_lm_tiny
 from fot_jax import configs
+from fot_jax.runners import lm_data
 
 MINE = "jsonl:/data/my_corpus.jsonl"
 
@@ -28,7 +29,7 @@ def test_one_override_moves_every_view_to_your_corpus(make):
       continue
     assert (task, field) == (MINE, "data.corpus"), view
   # what a run prints first: the corpus, then every view with what it reads
-  text = configs.format_corpus_views(lm)
+  text = lm_data.format_corpus_views(lm)
   assert text.splitlines()[0] == f"data: corpus {MINE!r} (data.corpus); each view reads:"
   assert len(text.splitlines()) == len(views) + 1
   assert ("<- not the corpus" in text) == any(t != MINE for _, _, t, _ in views)
@@ -43,11 +44,11 @@ def test_a_view_that_names_its_own_text_and_an_unread_task_show_at_the_start():
   assert views["repeat view 'repeat'"][1:3] == ("data.corpus", MINE)
   assert views["repeat view 'mixed'"][1:3] == ("data.repeats.mixed.task", "stdlib")
   assert views["held-out evaluation"][1:3] == ("data.eval_task", "stdlib")
-  assert configs.format_corpus_views(lm).count("<- not the corpus") == 2
+  assert lm_data.format_corpus_views(lm).count("<- not the corpus") == 2
   # the way docs used to say (data.task): no phase of this curriculum reads it, and the run says so
   config = smollm2_fot.get_config()
   config.data.task = MINE
-  assert "note: data.task='jsonl:/data/my_corpus.jsonl' is read by no phase" in configs.format_corpus_views(
+  assert "note: data.task='jsonl:/data/my_corpus.jsonl' is read by no phase" in lm_data.format_corpus_views(
       configs.resolve(config, check_data=False).lm)
 
 

@@ -32,6 +32,8 @@ RAW_CONFIG_READERS: Dict[Tuple[str, str], str] = {
     ("fot_jax/configs.py", "_copy_warmup"): "resolve's reader of c.warmup",
     ("fot_jax/configs.py", "_dictionary_task"): "resolve's reader of the dictionary task (c.data)",
     ("fot_jax/configs.py", "_plain"): "resolve's ConfigDict -> dict",
+    ("fot_jax/configs.py", "_lm_run_fields"): "resolve's record of what defines an LM arm's training (fingerprint)",
+    ("fot_jax/configs.py", "_dictionary_run_fields"): "resolve's record of what defines a dictionary arm's training",
     ("fot_jax/configs.py", "_check_known"): "resolve's check that every section and field of the file is one it reads",
     ("fot_jax/configs.py", "apply_overrides"): "a sweep run's overrides are applied to the ConfigDict before it is resolved",
     ("fot_jax/curriculum.py", "Schedule.__init__"):

@@ -30,10 +30,11 @@ import jax
 import numpy as np
 
 from data_pipelines import vocab as vocab_lib
-from fot_jax import cli, configs, jsonio, plots, provenance, recurrent
+from fot_jax import cli, jsonio, plots, provenance, recurrent
 from fot_jax.configs import Experiment
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import settings as eval_settings, suite as suite_lib
+from fot_jax.inference import MemoryInference
 from fot_jax.runners import common, lm_data
 from fot_jax.settings import BASELINE_ARMS, BaselinesSettings
 
@@ -74,7 +75,7 @@ def _inference(arm: str, exp: Experiment, params):
   window = exp.lm.data.window
   if arm == "transformer_xl":
     return recurrent.XLInference(exp.model, params, window)
-  return common.memory_inference(exp.model, params, window, exp.lm.eval)
+  return MemoryInference(exp.model, params, window, exp.lm.eval.mode, exp.lm.eval.topk)
 
 
 def _suite_extras(arm: str, workdir: str, exp: Experiment, params, inference) -> Dict:
@@ -97,7 +98,7 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> Dict:
   cfg, lm, b = exp.model, exp.lm, exp.baselines
   data, ev = lm.data, lm.eval
   docs = lm.held_out()
-  print(configs.format_corpus_views(lm), flush=True)
+  print(lm_data.format_corpus_views(lm), flush=True)
   print(f"baselines: {len(docs)} held-out documents of {data.eval_task!r}", flush=True)
   results = {"config": exp.raw, "memory_tokens": [int(m) for m in ev.memory_tokens],
              "n_docs": len(docs), "eval_mode": f"{ev.mode}" + (f" (top-{ev.topk})" if ev.mode == "topk" else ""),
@@ -113,7 +114,7 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> Dict:
       sources = lm_data.arm_batches(lm.feeds, schedule.tasks(), data, seed, layout)
       out = common.train_arm(model=cfg, settings=dataclasses.replace(exp.train, seed=seed), name=name,
                              schedule=schedule, batches=lm_data.train_input(sources), workdir=arm_dir,
-                             do_train=train, vocab=data.vocab, window=data.window, run_fields=exp.run_fields())
+                             do_train=train, vocab=data.vocab, window=data.window, run_fields=lm.run_fields)
       if arm == "fot":
         fot_run = out
       inference = _inference(arm, exp, out["params"])

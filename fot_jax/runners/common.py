@@ -1,5 +1,6 @@
 """What every runner shares: training (or restoring) one arm, the schedule of an arm that follows
-FoT's phases as they ran, the perplexity evaluation of a trained arm, and results.json with its table."""
+FoT's phases as they ran, and the perplexity evaluation of a trained arm (results.json and its table:
+fot_jax.results)."""
 from __future__ import annotations
 
 import os
@@ -7,10 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from fot_jax import jsonio
 from fot_jax.curriculum import Schedule
 from fot_jax.eval import perplexity
-from fot_jax.inference import MemoryInference
 from fot_jax.model.config import ModelConfig
 from fot_jax.settings import LMEvalSettings, TrainSettings
 from fot_jax.train import NoCheckpoint, train
@@ -67,20 +66,3 @@ def perplexity_of(inference, docs: List[np.ndarray], ev: LMEvalSettings, name: s
   """Perplexity of the held-out docs' scored tails against the memory before them (eval settings `ev`)."""
   return perplexity.perplexity_vs_memory(inference, docs, ev.memory_tokens, ev.score_tokens, ev.batch,
                                          ev.doc_mode, name=name)
-
-
-def memory_inference(model: ModelConfig, params, window: int, ev: LMEvalSettings) -> MemoryInference:
-  """Memory inference of a trained arm read as the LM evaluation reads it (mode, top-k)."""
-  return MemoryInference(model, params, window, ev.mode, ev.topk)
-
-
-def save_and_tabulate(results: Dict[str, Any], workdir: str, arms: List[str], metric: str, title: str) -> None:
-  """results.json, and a table of `metric` against memory tokens per arm on stdout."""
-  jsonio.write_json(os.path.join(workdir, "results.json"), results, default=str)
-  width = max(9, *(len(a) for a in arms))
-  header = f"{'memory tokens':>14} | " + " | ".join(f"{a:>{width}}" for a in arms)
-  lines = [header, "-" * len(header)]
-  for i, m in enumerate(results[arms[0]]["memory_tokens"]):
-    lines.append(f"{m:>14,} | " + " | ".join(f"{results[a][metric][i]:>{width}.3f}" for a in arms))
-  print(f"\n{title}:\n" + "\n".join(lines))
-  print(f"wall time {results['wall_seconds']:.0f}s; results in {os.path.join(workdir, 'results.json')}")

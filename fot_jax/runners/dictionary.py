@@ -14,6 +14,7 @@ from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
 from fot_jax import plots, provenance
 from fot_jax.configs import Experiment
 from fot_jax.eval import dictionary
+from fot_jax.results import save_and_tabulate
 from fot_jax.eval.rd import positive_attention_mass
 from fot_jax.runners import common
 from fot_jax.settings import CopyWarmupSettings
@@ -57,7 +58,7 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> dict:
     trained[name] = common.train_arm(
         model=cfg, settings=dataclasses.replace(exp.train, seed=seed), name=name, schedule=schedule,
         batches=_feeds(exp, "fot", seed, schedule), workdir=os.path.join(workdir, name), do_train=train,
-        vocab="dictionary_lookup", window=arms["fot"].window, run_fields=exp.run_fields("fot"))
+        vocab="dictionary_lookup", window=arms["fot"].window, run_fields=parts.run_fields["fot"])
   if arms["baseline"].enabled:
     steps_run = trained["fot"]["steps_run"]
     schedule = common.following_schedule(trained["fot"]["phases"], steps_run)
@@ -65,7 +66,7 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> dict:
         model=cfg, settings=dataclasses.replace(parts.baseline_train, seed=seeds[0], steps=steps_run),
         name="baseline", schedule=schedule, batches=_feeds(exp, "baseline", seeds[0], schedule),
         workdir=os.path.join(workdir, "baseline"), do_train=train, vocab="dictionary_lookup",
-        window=arms["baseline"].window, run_fields=exp.run_fields("baseline"))
+        window=arms["baseline"].window, run_fields=parts.run_fields["baseline"])
   windows = {name: arms["baseline" if name == "baseline" else "fot"].window for name in trained}
   evalset = dictionary.DictionaryEvalSet(task, ev.n_docs, max(ev.memory_tokens), ev.seed)
   results = {"config": {"model": cfg.__dict__, "task": task.__dict__, "eval": exp.raw["eval"],
@@ -114,7 +115,7 @@ def _dictionary_rd(ev, cfg, task, trained):
 
 
 def _write_results(results, workdir, arms):
-  common.save_and_tabulate(results, workdir, arms, "accuracy", "Dictionary lookup accuracy (all value tokens right)")
+  save_and_tabulate(results, workdir, arms, "accuracy", "Dictionary lookup accuracy (all value tokens right)")
   sd = results["seeds"]
   print(f"FoT over seeds {sd['seeds']}: accuracy at {sd['memory_tokens'][-1]:,} tokens "
         f"mean {sd['mean'][-1]:.3f}, min {sd['min'][-1]:.3f}, max {sd['max'][-1]:.3f}")

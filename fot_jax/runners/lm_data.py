@@ -6,6 +6,7 @@ from __future__ import annotations
 from data_pipelines import pipeline, vocab as vocab_lib
 from data_pipelines.copy_task import CopyBatches, RepeatedWindows
 from data_pipelines.retrieval_docs import RetrievalBatches, RetrievalSpec
+from fot_jax.configs import LMExperiment
 from fot_jax.settings import CopyWarmupSettings, LMDataSettings, RepeatFeed, TextFeed
 
 
@@ -50,3 +51,17 @@ def arm_batches(feeds, tasks, data: LMDataSettings, seed: int, layout: str = "fo
 def train_input(sources: dict):
   """What train() takes: the one source of a curriculum over data.task alone, else {task: source}."""
   return sources[None] if list(sources) == [None] else sources
+
+
+def format_corpus_views(lm: LMExperiment) -> str:
+  """The lines a run prints at its start: the corpus, then each view and the task it reads; a view
+  reading other text than the corpus is marked, so a forgotten override shows before training."""
+  data = lm.data
+  lines = [f"data: corpus {data.corpus!r} (data.corpus); each view reads:"]
+  for view, field, task, split in lm.views:
+    mark = "" if task == data.corpus else "   <- not the corpus"
+    lines.append(f"  {view:<36} {task!r} split {split!r} ({field}){mark}")
+  if data.task != data.corpus and not any(v[0] == "training text" for v in lm.views):
+    lines.append(f"  note: data.task={data.task!r} is read by no phase of this curriculum; data.corpus sets "
+                 f"what every view reads")
+  return "\n".join(lines)
