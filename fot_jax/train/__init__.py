@@ -9,7 +9,7 @@
 
 The names below are re-exported so `from fot_jax.train import X` names them all.
 """
-from fot_jax.train.checkpoints import NoCheckpoint, params_from_checkpoint
+from fot_jax.train.run_state import NoCheckpoint, params_from_checkpoint
 from fot_jax.train.fingerprint import (RESUMABLE_FIELDS, RUN_FINGERPRINT, check_run_fingerprint,
                                        fingerprint_differences, run_fingerprint)
 from fot_jax.train.loop import MetricsLog, Preempted, train

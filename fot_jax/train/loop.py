@@ -3,7 +3,7 @@ log (metrics.jsonl + TensorBoard) and the batch sources' checkpointed positions.
 
 Crash anywhere, lose nothing: a process killed at any moment (kill -9 included, mid-checkpoint
 too) resumes with the same command from its last finished checkpoint (an unfinished write is
-never a step: fot_jax/train/checkpoints.py), and the logs are cut back to that step first, so
+never a step: fot_jax/train/run_state.py), and the logs are cut back to that step first, so
 metrics.jsonl and TensorBoard hold every step once with the values of an uninterrupted run
 (tests/kill_resume.py measures it).
 """
@@ -26,7 +26,7 @@ from fot_jax.curriculum import Schedule
 from fot_jax.model.config import ModelConfig
 from fot_jax.recurrent import RecurrentSpec
 from fot_jax.settings import TrainSettings
-from fot_jax.train.checkpoints import (NoCheckpoint, checkpoint_manager, describe_folder, orbax_logs_off,
+from fot_jax.train.run_state import (NoCheckpoint, checkpoint_manager, describe_folder, orbax_logs_off,
                                        params_from_checkpoint, restore_step, saved_carry_target,
                                        unfinished_writes)
 from fot_jax.train.fingerprint import check_run_fingerprint, run_fingerprint

@@ -1,4 +1,5 @@
-"""A training workdir's orbax checkpoints: the manager (which clears writes cut by a crash),
+"""A training run's saved state, its orbax checkpoints in the workdir (a model checkpoint for
+inference and export is fot_jax/checkpoint.py's format): the manager (which clears writes cut by a crash),
 restoring a step (a damaged one is one error naming its folder, without orbax's log lines or
 tracebacks), the recurrent carry's restore target, NoCheckpoint, and `train.init_from`
 (params_from_checkpoint: another run's parameters).
