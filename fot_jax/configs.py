@@ -208,6 +208,25 @@ def _dictionary_task(config) -> DictionaryTask:
   return task
 
 
+def _schedule(curriculum: Dict[str, Any], section: str) -> Schedule:
+  """The curriculum's Schedule; its errors named by their path in the experiment file
+  (`train.curriculum.phases[1].steps`, not `curriculum.phases[1].steps`)."""
+  try:
+    return Schedule(curriculum)
+  except ValueError as e:
+    raise ValueError(f"{section}.{e}" if str(e).startswith("curriculum") else f"{section}.curriculum: {e}") from None
+
+
+def _check_plans(sched: Schedule, rows: int, section: str) -> None:
+  """Every crossbatch plan of the schedule is buildable for `rows` rows a micro-step; an error names
+  the curriculum and the spec besides the crossbatch field."""
+  for spec in sched.all_specs():
+    try:
+      crossbatch.plan_from_spec(rows, spec)
+    except ValueError as e:
+      raise ValueError(f"{section}.curriculum, spec {spec}: {e}") from None
+
+
 def _resolve_dictionary(config) -> Experiment:
   """The dictionary-lookup experiment: task, arms, curriculum against the packs, evaluation, mesh."""
   cfg = _model_config(config)
@@ -224,7 +243,7 @@ def _resolve_dictionary(config) -> Experiment:
   if fot.disjoint_keys:
     task.check_disjoint(fot.slots, "fot.slots")
   curriculum = _plain(config.fot.curriculum)
-  sched = Schedule(curriculum)
+  sched = _schedule(curriculum, "fot")
   warmup = _copy_warmup(config)
   known = {"dictionary", "copy"} if warmup.enabled else {"dictionary"}
   bad = sorted({str(t) for t in sched.tasks() if t is not None and t not in known})
@@ -242,8 +261,7 @@ def _resolve_dictionary(config) -> Experiment:
   if fot.slots % accum:
     raise ValueError(f"fot.accum_steps={accum} must divide fot.slots={fot.slots} "
                      f"(gradient accumulation never splits a pack)")
-  for spec in sched.all_specs():  # every plan of the schedule must be buildable
-    crossbatch.plan_from_spec(rows // accum, spec)
+  _check_plans(sched, rows // accum, "fot")
   crossbatch.scored_rows(rows, pack, ts["fot"].loss_on)
   validate_mesh(ts["fot"].mesh, cfg, rows // accum, ts["fot"].crossbatch_scope, fot.window, "fot.window")
   ev = DictionaryEvalSettings.from_dict(config.eval, "eval")
@@ -336,7 +354,7 @@ def _resolve_lm(config, check_data: bool) -> Experiment:
     check_init_from(str(t.init_from))
   ts = _train_settings(config, "fot")
   curriculum = _plain(t.curriculum)
-  sched = Schedule(curriculum)
+  sched = _schedule(curriculum, "train")
   warmup = _copy_warmup(config)
   feeds = _lm_feeds(data, sched, warmup)
   lm = LMExperiment(data=data, eval=LMEvalSettings.from_dict(config.eval, "eval"), feeds=feeds,
@@ -360,8 +378,8 @@ def _resolve_lm(config, check_data: bool) -> Experiment:
   if data.slots % accum:
     raise ValueError(f"train.accum_steps={accum} must divide data.slots={data.slots} "
                      f"(gradient accumulation never splits a pack)")
+  _check_plans(sched, rows // accum, "train")
   for spec in sched.all_specs():
-    crossbatch.plan_from_spec(rows // accum, spec)
     rspec = recurrent.recurrent_spec(spec)  # the Memorizing Transformer / Transformer-XL phases
     if rspec is not None:
       recurrent.check(rspec, cfg, data.window)

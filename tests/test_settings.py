@@ -236,3 +236,17 @@ def test_a_misspelt_field_in_an_experiment_file_fails_naming_it():
   config.evall = ml_collections.ConfigDict({"n_docs": 2})
   with pytest.raises(ValueError, match=r"^unknown section\(s\) \['evall'\] for experiment 'dictionary_lookup'"):
     configs.resolve(config)
+
+
+def test_curriculum_errors_name_their_path_in_the_experiment_file():
+  """A bad phase or crossbatch spec is named where the file holds it: `train.curriculum...` in an LM
+  experiment, `fot.curriculum...` in the dictionary one (the Schedule alone says `curriculum...`)."""
+  from experiments import stdlib_lm_tiny
+  config = stdlib_lm_tiny.get_config()
+  config.train.curriculum.phases[0]["stpes"] = 3
+  with pytest.raises(ValueError, match=r"^train\.curriculum\.phases\[0\]: unknown field\(s\) \['stpes'\]"):
+    configs.resolve(config, check_data=False)
+  config = dictionary_lookup.get_config()
+  config.fot.curriculum.phases[-1]["spec"] = {"d": 10 ** 6, "w": 1}
+  with pytest.raises(ValueError, match=r"^fot\.curriculum, spec \{'d': 1000000, 'w': 1\}: crossbatch\.d"):
+    configs.resolve(config, check_data=False)
