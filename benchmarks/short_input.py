@@ -1,7 +1,7 @@
 """A short input through a model with a long window: what memory inference costs against a small window.
 
 `m.logits_with_memory(tokens)` reads its input window by window; the last window is padded to a
-small power-of-two bucket (fot_jax/inference.py, `_padded_width`), so 2,048 tokens through a
+small power-of-two bucket (fot_jax/inference.py, `padded_width`), so 2,048 tokens through a
 checkpoint whose window is 8,192 should cost about what they cost with `window=512`, not a whole
 8,192-token window (issue 33 measured 391 s and 12.2 GB against 16 s before the bucket). Each
 variant runs in its own process, as a user's script would (load, compile, one call), and reports

@@ -174,6 +174,14 @@ def _place(rows, window: int, pads):
   return toks, mask
 
 
+def padded_width(cfg: ModelConfig, window: int, n: int) -> int:
+  """A last window of n tokens is padded to a power of two (at least 16); dynamic NTK keeps the
+  whole window: its RoPE base depends on the window's length, padding included."""
+  if dict(cfg.rope_scaling or ()).get("rope_type") == "dynamic":
+    return window
+  return min(window, max(16, pow2(n)))
+
+
 class MemoryInference:
   """Window-by-window processing of long inputs with FoT memory."""
 
@@ -195,12 +203,6 @@ class MemoryInference:
   def new_memory(self, batch: int, capacity: int = 1024) -> Memory:
     return Memory(self.cfg, batch, self.mem_dtype, capacity)
 
-  def _padded_width(self, n: int) -> int:
-    """A last window of n tokens is padded to a power of two (at least 16); dynamic NTK keeps the
-    whole window: its RoPE base depends on the window's length, padding included."""
-    if dict(self.cfg.rope_scaling or ()).get("rope_type") == "dynamic":
-      return self.window
-    return min(self.window, max(16, pow2(n)))
 
   def process(self, tokens, memory: Memory, token_mask=None, want_logits: bool = True,
               stop_after: Optional[int] = None, logits_from: int = 0):
@@ -209,7 +211,7 @@ class MemoryInference:
     Windows start at token 0; the last one is padded to a power of two (at least 16, at most the
     window; padding is masked and never enters memory, and causal attention makes the padded tail
     change nothing before it), so a short input costs what it needs, not a whole window, and few
-    shapes compile (dynamic NTK RoPE: the whole window, see `_padded_width`). logits_from: keep
+    shapes compile (dynamic NTK RoPE: the whole window, see `padded_width`). logits_from: keep
     only the logits of the windows from the one holding that column on ([B, L - s, V] from
     that window's start s): a 16K-token batch's full logits are gigabytes at a 49K vocabulary.
     """
@@ -224,7 +226,7 @@ class MemoryInference:
       msk = token_mask[:, start:start + self.window]
       n = tok.shape[1]
       if n < self.window:
-        width = self._padded_width(n)
+        width = padded_width(self.cfg, self.window, n)
         tok = np.pad(tok, [(0, 0), (0, width - n)])
         msk = np.pad(msk, [(0, 0), (0, width - n)])
       logits, mem_kv = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),

@@ -111,15 +111,18 @@ class SuiteSettings:
   """Every suite's settings. seed: every suite's; task / split: the held-out documents (ppl, rd) and
   the NIAH haystack ('dictionary_lookup' for dict models); vocab: 'byte', a tokenizer path,
   'dictionary_lookup', '' = the checkpoint's own (never guessed); window: the local window, 0 = the
-  checkpoint's; mode / topk: how ppl, passkey and niah read memory; batch rows at a time; chunk
-  query tokens per attention call."""
+  checkpoint's; mode / topk: how ppl, passkey and niah read memory ('host': each query's top-k from
+  a faiss index on the host, `host_index` flat or ivf with `nprobe` lists searched; teacher-forced
+  suites only, fot_jax/host_memory.py); batch rows at a time; chunk query tokens per attention call."""
   seed: int = 0
   task: str = "stdlib"
   split: str = "validation"
   vocab: str = ""
   window: int = _field(0, least=0)
-  mode: str = "dense"
+  mode: str = _field("dense", choices=("dense", "topk", "approx_topk", "blocks", "host"))
   topk: int = _field(32, least=1)
+  host_index: str = _field("ivf", choices=("flat", "ivf"))
+  nprobe: int = _field(8, least=1)
   batch: int = _field(8, least=1)
   chunk: int = _field(8192, least=1)
   ppl: PerplexitySuite = _section(PerplexitySuite)

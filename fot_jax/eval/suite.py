@@ -34,6 +34,7 @@ from fot_jax.eval import dictionary, heads, niah, passkey, perplexity, report, r
 from fot_jax.eval.settings import SUITES, SuiteSettings
 from fot_jax.eval.effective_length import effective_length
 from fot_jax.eval.rd import positive_attention_mass
+from fot_jax.host_memory import HostMemoryInference
 from fot_jax.inference import MemoryInference
 from fot_jax.model.config import ModelConfig
 
@@ -90,7 +91,8 @@ class Context:
           lambda p: jax.tree_util.tree_map(sums, p))(self.params))
       s = self.settings
       text = json.dumps({"model": self.cfg.to_dict(), "params": checksum, "window": self.window,
-                         "vocab": str(self.vocab_spec), "mode": s.mode, "topk": s.topk, "chunk": s.chunk},
+                         "vocab": str(self.vocab_spec), "mode": s.mode, "topk": s.topk, "chunk": s.chunk,
+                         **({"host_index": s.host_index, "nprobe": s.nprobe} if s.mode == "host" else {})},
                         sort_keys=True, default=str)
       self._model_key = hashlib.sha1(text.encode()).hexdigest()
     return self._model_key
@@ -107,6 +109,8 @@ class Context:
     if self.own_inference is not None:
       return self.own_inference
     s = self.settings
+    if (mode or s.mode) == "host":
+      return HostMemoryInference(self.cfg, self.params, self.window, s.topk, s.host_index, s.nprobe)
     return MemoryInference(self.cfg, self.params, self.window, mode or s.mode, s.topk, s.chunk)
 
   def docs(self, need: int, n: int, wrap: bool = True, split: str = "") -> List[np.ndarray]:

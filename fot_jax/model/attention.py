@@ -133,6 +133,8 @@ class Attention(nn.Module):
         extra = mem.topk_memory_partial(q, memory, mem_topk, mem_chunk, recall=mem_recall)
       elif mem_mode == "blocks":  # mem_topk: a memory.BlockSpec (or block_topk)
         extra = mem.block_memory_partial(q, memory, mem.block_spec(mem_topk), token_mask)
+      elif mem_mode == "gathered":  # each query's entries, retrieved on the host (fot_jax/host_memory.py)
+        extra = mem.gathered_memory_partial(q, memory[0])
       else:
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
       if extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)

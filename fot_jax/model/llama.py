@@ -64,6 +64,11 @@ class LlamaModel(nn.Module):
   memories: {layer: [MemoryBlock, ...]} for memory inference, or None; mem_mode 'dense',
   'topk' or 'approx_topk' (with mem_recall, its recall target).
   stop_after: run only layers 0..stop_after (used to fill memory cheaply); no logits.
+  start_at, hidden: run layers start_at.. on `hidden` [B, T, hidden_size] (the residual stream
+  before layer start_at) instead of embedding `tokens` (which then only give the shape); with
+  want_hidden, aux['hidden'] is the residual stream after the last layer run (before the final
+  norm). Host-side retrieval (fot_jax/host_memory.py) runs the stack piecewise this way, one
+  memory layer at a time.
   want_cache: aux['cache'] = {layer: (keys, values, memory keys or None)} of this window.
   cache, cache_fill [B]: generation; the tokens go to slots cache_fill.. of each layer's
   cache (positions = slots) and aux['cache'] holds the updated caches.
@@ -85,7 +90,8 @@ class LlamaModel(nn.Module):
                mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
                want_mem_kv: bool = False, stop_after: Optional[int] = None,
                cache: Optional[Dict[int, tuple]] = None, cache_fill=None, want_cache: bool = False,
-               mem_recall: float = 0.95, prev: Optional[Dict[int, tuple]] = None):
+               mem_recall: float = 0.95, prev: Optional[Dict[int, tuple]] = None, start_at: int = 0,
+               hidden=None, want_hidden: bool = False):
     cfg = self.cfg
     b, t = tokens.shape
     if cache is not None and positions is None:
@@ -97,7 +103,13 @@ class LlamaModel(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, name="embed_tokens", param_dtype=jnp.float32,
                      embedding_init=nn.with_logical_partitioning(
                          nn.initializers.normal(cfg.embed_init_std or cfg.init_std), ("vocab", "embed")))
-    x = nn.with_logical_constraint(embed(tokens).astype(jnp.dtype(cfg.dtype)), ("batch", "length", "act_embed"))
+    if start_at:
+      if hidden is None:
+        raise ValueError("LlamaModel: start_at needs the residual stream before that layer (hidden)")
+      x = hidden.astype(jnp.dtype(cfg.dtype))
+    else:
+      x = embed(tokens).astype(jnp.dtype(cfg.dtype))
+    x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
     policy = _CHECKPOINT_POLICIES[cfg.remat_policy]
     layer_cls = DecoderLayer
     if cfg.remat:
@@ -111,7 +123,7 @@ class LlamaModel(nn.Module):
     last = cfg.num_layers - 1 if stop_after is None else stop_after
     scan = (cfg.scan_layers and not self.is_initializing() and cache is None and not want_cache
             and prev is None and not self.is_mutable_collection("intermediates"))
-    for run in _segments(cfg, last + 1, scan):
+    for run in _segments(cfg, last + 1, scan, start_at):
       if len(run) > 1:
         x = self._scan_run(run, x, positions, token_mask, policy)
         continue
@@ -137,6 +149,8 @@ class LlamaModel(nn.Module):
       out_aux["mem_kv"] = mem_kv
     if caches:
       out_aux["cache"] = caches
+    if want_hidden:
+      out_aux["hidden"] = x
     if stop_after is not None:
       return None, out_aux
     x = RMSNorm(cfg.rms_norm_eps, cfg.dtype, name="norm")(x)
@@ -168,11 +182,11 @@ class LlamaModel(nn.Module):
 _CHECKPOINT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
-def _segments(cfg: ModelConfig, n: int, scan: bool):
-  """Layers 0..n-1 in execution order: [i] for an unrolled layer, [i, i+1, ...] for a scanned run
-  of consecutive non-memory layers (scan only)."""
+def _segments(cfg: ModelConfig, n: int, scan: bool, start: int = 0):
+  """Layers start..n-1 in execution order: [i] for an unrolled layer, [i, i+1, ...] for a scanned
+  run of consecutive non-memory layers (scan only)."""
   out = []
-  for i in range(n):
+  for i in range(start, n):
     if scan and i not in cfg.mem_layers and out and out[-1][-1] not in cfg.mem_layers:
       out[-1].append(i)
     else:

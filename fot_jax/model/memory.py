@@ -130,6 +130,14 @@ def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int,
   return block_partial(best_s, live, best_v)
 
 
+def gathered_memory_partial(q, block: MemoryBlock) -> Partial:
+  """Memory retrieved per query outside the model (fot_jax/host_memory.py: a host index's top-k
+  of every query head): block.keys / values [B, KV, G, T, k, D], block.mask [B, KV, G, T, k]. The
+  same partial as topk_memory_partial when the entries are each query's exact top-k."""
+  s = jnp.einsum("btkgd,bkgtsd->bkgts", q.astype(jnp.float32), block.keys.astype(jnp.float32))
+  return block_partial(s, block.mask, block.values)
+
+
 def block_spec(topk) -> BlockSpec:
   """mem_topk in 'blocks' mode: a BlockSpec, or an int taken as block_topk (the rest default)."""
   return (topk if isinstance(topk, BlockSpec) else BlockSpec(block_topk=topk)).checked()

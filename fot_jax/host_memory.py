@@ -1,0 +1,249 @@
+"""FoT memory on the host, searched per query: the FoT paper's kNN memory (a faiss index) for prompts
+whose dense memory costs more than the model itself.
+
+Dense memory over a 128K-token prompt costs ~80 TFLOP in four memory layers (every query against
+every earlier key), on top of the model's own ~35 TFLOP. Here each memory layer's keys and values of
+the earlier windows stay in host RAM, one faiss inner-product index per row, layer and kv head;
+every query head of a window retrieves its own top-k, and the model attends to those k entries
+beside its causal local window under one softmax (`mem_mode='gathered'`,
+model/memory.gathered_memory_partial): the semantics of `MemoryInference(mode='topk')`, which an
+exact ('flat') index reproduces (tests/test_host_memory.py).
+
+A query of memory layer l depends on the layers below it, which read their own memory, so a window
+runs the stack piecewise (LlamaModel's start_at / hidden): layers up to l - 1, then layer l alone
+for its queries (`mem_queries`), the host search, then layer l with the retrieved entries and on up
+to the next memory layer. The extra cost is one layer per memory layer and window (4 of 30 layers
+for SmolLM2 with four memory layers) plus the searches.
+
+Index kinds: 'flat' (exact) or 'ivf' (inverted lists: exact until `ivf_from` entries, then an
+IndexIVFFlat with 4 sqrt(N) lists, at most 1024, trained on the memory so far and retrained each
+time memory doubles, `nprobe` lists searched). The recall@k of 'ivf' against a NumPy brute force on
+a sample of queries is kept (`HostMemory.recall`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fot_jax.inference import padded_width
+from fot_jax.model.config import ModelConfig
+from fot_jax.model.llama import LlamaModel
+from fot_jax.model.memory import MemoryBlock
+
+KINDS = ("flat", "ivf")
+
+
+class _LayerStore:
+  """One row's memory of one memory layer: keys / values [N, KV, D] (float32, buffers that double)
+  and, per kv head, a faiss inner-product index over the keys."""
+
+  def __init__(self, kv: int, d: int, kind: str, nprobe: int, ivf_from: int):
+    self.kv, self.d, self.kind, self.nprobe, self.ivf_from = kv, d, kind, nprobe, ivf_from
+    self.keys = np.zeros((0, kv, d), np.float32)
+    self.values = np.zeros((0, kv, d), np.float32)
+    self.size, self.trained_at = 0, 0
+    self.indexes: List = []
+
+  def add(self, keys: np.ndarray, values: np.ndarray) -> None:
+    import faiss
+    n = len(keys)
+    if not n:
+      return
+    if self.size + n > len(self.keys):  # capacity doubles: appending never copies the whole memory per window
+      cap = max(1024, len(self.keys))
+      while cap < self.size + n:
+        cap *= 2
+      grow = lambda x: np.concatenate([x, np.zeros((cap - len(x),) + x.shape[1:], np.float32)])
+      self.keys, self.values = grow(self.keys), grow(self.values)
+    self.keys[self.size:self.size + n], self.values[self.size:self.size + n] = keys, values
+    self.size += n
+    if self.kind == "ivf" and self.size >= self.ivf_from and self.size >= 2 * self.trained_at:
+      self._train_ivf()
+      return
+    if not self.indexes:
+      self.indexes = [faiss.IndexFlatIP(self.d) for _ in range(self.kv)]
+    for h, index in enumerate(self.indexes):
+      index.add(np.ascontiguousarray(keys[:, h]))
+
+  def _train_ivf(self) -> None:
+    import faiss
+    n = self.size
+    nlist = max(1, min(1024, int(4 * math.sqrt(n)), n // 39))  # faiss wants >= 39 training points a list
+    rng = np.random.default_rng(n)
+    sample = rng.choice(n, min(n, 64 * nlist), replace=False)
+    self.indexes = []
+    for h in range(self.kv):
+      x = np.ascontiguousarray(self.keys[:n, h])
+      index = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.d), self.d, nlist, faiss.METRIC_INNER_PRODUCT)
+      index.train(np.ascontiguousarray(x[sample]))
+      index.add(x)
+      index.nprobe = self.nprobe
+      self.indexes.append(index)
+    self.trained_at = n
+
+  def search(self, q: np.ndarray, k: int) -> np.ndarray:
+    """q [KV, Q, D] -> ids [KV, Q, k] of each query's top-k keys of its head (-1: none)."""
+    return np.stack([self.indexes[h].search(np.ascontiguousarray(q[h]), k)[1] for h in range(self.kv)])
+
+
+class HostMemory:
+  """Per row and memory layer, the keys and values of every earlier window (`_LayerStore`)."""
+
+  def __init__(self, cfg: ModelConfig, batch: int, kind: str = "ivf", nprobe: int = 8, ivf_from: int = 16384,
+               recall_queries: int = 16):
+    if kind not in KINDS:
+      raise ValueError(f"host memory: kind must be one of {KINDS}, got {kind!r}")
+    self.cfg, self.batch, self.kind, self.recall_queries = cfg, batch, kind, recall_queries
+    self.stores = [{layer: _LayerStore(cfg.kv_heads, cfg.dim_per_head, kind, nprobe, ivf_from)
+                    for layer in cfg.mem_layers} for _ in range(batch)]
+    self.hits = self.total = 0
+    self.rng = np.random.default_rng(0)
+
+  @property
+  def size(self) -> int:
+    return max((s.size for row in self.stores for s in row.values()), default=0)
+
+  @property
+  def recall(self) -> Optional[float]:
+    """recall@k of the retrieval against exact search, over the sampled queries so far (None: no
+    approximate search ran)."""
+    return self.hits / self.total if self.total else None
+
+  def add(self, mem_kv: Dict[int, tuple], token_mask) -> None:
+    """One window's keys and values {layer: (k [B, T, KV, D], v)}; masked tokens stay out."""
+    mask = np.asarray(token_mask, bool)
+    for layer, (k, v) in mem_kv.items():
+      k, v = np.asarray(k, np.float32), np.asarray(v, np.float32)
+      for r in range(self.batch):
+        self.stores[r][layer].add(k[r][mask[r]], v[r][mask[r]])
+
+  def gather(self, layer: int, queries, k: int) -> Optional[MemoryBlock]:
+    """queries [B, T, KV, G, D] -> each query head's top-k entries as a MemoryBlock with keys /
+    values [B, KV, G, T, k, D] and mask [B, KV, G, T, k]; None while this layer's memory is empty."""
+    k = min(k, self.size)
+    if k == 0:
+      return None
+    q = np.asarray(queries, np.float32)
+    b, t, kv, g, d = q.shape
+    keys = np.zeros((b, kv, g, t, k, d), np.float32)
+    values = np.zeros((b, kv, g, t, k, d), np.float32)
+    mask = np.zeros((b, kv, g, t, k), bool)
+    for r in range(b):
+      store = self.stores[r][layer]
+      if not store.size:
+        continue
+      qr = q[r].transpose(1, 2, 0, 3).reshape(kv, g * t, d)  # [KV, G*T, D]: a search per kv head
+      ids = store.search(qr, k)  # [KV, G*T, k]
+      if store.kind == "ivf" and store.trained_at:
+        self._count_recall(store, qr, ids, k)
+      ok = ids >= 0
+      safe = np.where(ok, ids, 0)
+      heads = np.arange(kv)[:, None, None]
+      keys[r] = store.keys[safe, heads].reshape(kv, g, t, k, d)
+      values[r] = store.values[safe, heads].reshape(kv, g, t, k, d)
+      mask[r] = ok.reshape(kv, g, t, k)
+    return MemoryBlock(jnp.asarray(keys), jnp.asarray(values), jnp.asarray(mask))
+
+  def _count_recall(self, store: _LayerStore, q, ids, k: int) -> None:
+    """Retrieved entries among the exact top-k (NumPy brute force) on a sample of queries; an entry
+    counts when its score reaches the exact k-th best (repeated text holds many equal keys)."""
+    kv, nq, _ = q.shape
+    for h in range(kv):
+      pick = self.rng.choice(nq, min(self.recall_queries, nq), replace=False)
+      s = q[h, pick] @ store.keys[:store.size, h].T  # [S, N]
+      kth = -np.partition(-s, k - 1, axis=1)[:, k - 1:k]
+      got = np.take_along_axis(s, np.where(ids[h, pick] >= 0, ids[h, pick], 0), 1)
+      self.hits += int(((got >= kth - 1e-5) & (ids[h, pick] >= 0)).sum())
+      self.total += k * len(pick)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "start", "stop"))
+def _run_layers(params, tokens, hidden, token_mask, memories, cfg: ModelConfig, start: int, stop: Optional[int]):
+  """Layers start..stop (stop None: to the logits) -> (logits or None, hidden after, {layer: (k, v)})."""
+  logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask, memories=memories,
+                                      mem_mode="gathered", want_mem_kv=True, stop_after=stop, start_at=start,
+                                      hidden=hidden, want_hidden=True)
+  return logits, aux["hidden"], aux["mem_kv"]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "layer"))
+def _layer_queries(params, tokens, hidden, token_mask, cfg: ModelConfig, layer: int):
+  """Memory layer `layer`'s attention queries [B, T, KV, G, D] (scaled, as they score keys)."""
+  _, state = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask, stop_after=layer,
+                                   start_at=layer, hidden=hidden, mutable=["intermediates"])
+  return state["intermediates"][f"layers_{layer}"]["self_attn"]["mem_queries"][0]
+
+
+class HostMemoryInference:
+  """Window-by-window processing with host memory; `process` and `new_memory` as MemoryInference's,
+  so the evaluation suites read a prompt through either (suite mode 'host')."""
+
+  mode = "host"
+
+  def __init__(self, cfg: ModelConfig, params, window: int, topk: int = 32, kind: str = "ivf", nprobe: int = 8,
+               ivf_from: int = 16384):
+    if window <= 0:
+      raise ValueError(f"host memory: window must be positive, got {window}")
+    if topk < 1:
+      raise ValueError(f"host memory: topk must be at least 1, got {topk}")
+    if kind not in KINDS:
+      raise ValueError(f"host memory: kind must be one of {KINDS}, got {kind!r}")
+    if not cfg.mem_layers:
+      raise ValueError("host memory: the model has no memory layers")
+    self.cfg, self.params, self.window, self.topk = cfg, params, window, topk
+    self.kind, self.nprobe, self.ivf_from = kind, nprobe, ivf_from
+
+  def new_memory(self, batch: int, capacity: int = 0) -> HostMemory:
+    del capacity  # the host stores grow by themselves
+    return HostMemory(self.cfg, batch, self.kind, self.nprobe, self.ivf_from)
+
+  def _window(self, tok, msk, memory: HostMemory, want_logits: bool):
+    """One window through the stack, piecewise at the memory layers; its keys and values join memory
+    after it (a window never retrieves itself: its own tokens are the local window). Without
+    logits the stack stops at the last memory layer."""
+    layers = sorted(self.cfg.mem_layers)
+    hidden, start, logits, mem_kv = None, 0, None, {}
+    tok, msk = jnp.asarray(tok), jnp.asarray(msk)
+    for j, layer in enumerate(layers):
+      if layer > start:
+        _, hidden, _ = _run_layers(self.params, tok, hidden, msk, None, self.cfg, start, layer - 1)
+      block = memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer), self.topk)
+      stop = layers[j + 1] - 1 if j + 1 < len(layers) else (None if want_logits else layer)
+      logits, hidden, kv = _run_layers(self.params, tok, hidden, msk, None if block is None else {layer: [block]},
+                                       self.cfg, layer, stop)
+      mem_kv[layer] = kv[layer]
+      start = None if stop is None else stop + 1
+    memory.add(mem_kv, msk)
+    return logits
+
+  def process(self, tokens, memory: HostMemory, token_mask=None, want_logits: bool = True,
+              logits_from: int = 0):
+    """tokens [B, L] -> logits [B, L, V] (NumPy; None if not wanted), memory updated: windows from
+    token 0, the last padded as MemoryInference pads it; logits_from as MemoryInference.process."""
+    tokens = np.asarray(tokens, np.int32)
+    b, length = tokens.shape
+    if b != memory.batch:
+      raise ValueError(f"host memory: {b} rows but the memory was made for {memory.batch}")
+    token_mask = np.ones((b, length), bool) if token_mask is None else np.asarray(token_mask, bool)
+    outs = []
+    for start in range(0, length, self.window):
+      tok = tokens[:, start:start + self.window]
+      msk = token_mask[:, start:start + self.window]
+      n = tok.shape[1]
+      if n < self.window:
+        width = padded_width(self.cfg, self.window, n)
+        tok, msk = np.pad(tok, [(0, 0), (0, width - n)]), np.pad(msk, [(0, 0), (0, width - n)])
+      keep = want_logits and start + self.window > logits_from
+      logits = self._window(tok, msk, memory, keep)
+      if keep:
+        outs.append(np.asarray(logits[:, :n]))
+    return np.concatenate(outs, axis=1) if outs else None
+
+  def generate(self, *args, **kwargs):
+    raise NotImplementedError("host memory reads prompts teacher-forced (the passkey and perplexity suites); "
+                              "generation needs eval mode dense or topk")

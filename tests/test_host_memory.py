@@ -1,0 +1,88 @@
+"""Host memory (fot_jax/host_memory.py): memory layers read each query's top-k from a faiss index on
+the host, the stack run piecewise at the memory layers. An exact index must give what the device's
+own top-k memory gives, and with k past the memory size what dense memory gives."""
+import jax
+import numpy as np
+import pytest
+
+from fot_jax.host_memory import HostMemoryInference
+from fot_jax.inference import MemoryInference
+from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
+
+WINDOW = 16
+
+
+def _model(mem_layers):
+  cfg = get_size("tiny", mem_layers=mem_layers)
+  # Sharper attention than at init, so top-k choices matter.
+  params = jax.tree_util.tree_map(lambda x: x * 4.0 if x.ndim == 2 else x, init_params(cfg, 0))
+  return cfg, params
+
+
+def _prompts():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, 64, (2, 5 * WINDOW + 7)).astype(np.int32)
+  mask = np.ones(tokens.shape, bool)
+  mask[1, :WINDOW + 5] = False  # a shorter prompt, padded in front (as end-aligned prompts are)
+  return tokens, mask
+
+
+def _logits(inference, tokens, mask):
+  return inference.process(tokens, inference.new_memory(len(tokens)), mask)
+
+
+@pytest.mark.parametrize("mem_layers", [(0, 2), (1, 2)])
+def test_exact_host_memory_equals_the_devices_topk_and_dense_memory(mem_layers):
+  cfg, params = _model(mem_layers)
+  tokens, mask = _prompts()
+  host = _logits(HostMemoryInference(cfg, params, WINDOW, topk=8, kind="flat"), tokens, mask)
+  device = _logits(MemoryInference(cfg, params, WINDOW, "topk", 8), tokens, mask)
+  live = mask  # padded positions are never scored
+  np.testing.assert_allclose(host[live], device[live], atol=2e-4, rtol=1e-4)
+  # k past every row's memory: every entry is read, as dense memory reads it
+  host_all = _logits(HostMemoryInference(cfg, params, WINDOW, topk=128, kind="flat"), tokens, mask)
+  dense = _logits(MemoryInference(cfg, params, WINDOW, "dense"), tokens, mask)
+  np.testing.assert_allclose(host_all[live], dense[live], atol=2e-4, rtol=1e-4)
+  # and memory matters here: without it the logits differ
+  none = _logits(MemoryInference(cfg, params, WINDOW, "dense"), tokens[:, -7:], mask[:, -7:])
+  assert np.abs(none[0] - dense[0, -7:]).max() > 1e-2
+
+
+def test_ivf_host_memory_measures_its_recall():
+  cfg, params = _model((1,))
+  tokens, mask = _prompts()
+  exact = _logits(HostMemoryInference(cfg, params, WINDOW, topk=4, kind="flat"), tokens, mask)
+  # every list probed: the inverted lists find what the exact index finds
+  full = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="ivf", nprobe=1024, ivf_from=32)
+  mem = full.new_memory(2)
+  np.testing.assert_allclose(full.process(tokens, mem, mask)[mask], exact[mask], atol=2e-4, rtol=1e-4)
+  assert mem.recall == 1.0
+  coarse = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="ivf", nprobe=1, ivf_from=32)
+  mem = coarse.new_memory(2)
+  coarse.process(tokens, mem, mask)
+  assert mem.recall is not None and 0.0 < mem.recall <= 1.0
+
+
+def test_bad_host_memory_settings_are_refused():
+  cfg, params = _model((1,))
+  for kwargs, message in (({"kind": "hnsw"}, "kind must be one of"), ({"topk": 0}, "topk must be at least 1"),
+                          ({"window": 0}, "window must be positive")):
+    args = dict({"window": WINDOW}, **kwargs)
+    with pytest.raises(ValueError, match=message):
+      HostMemoryInference(cfg, params, **args)
+
+
+def test_the_passkey_suite_reads_through_host_memory(tmp_path):
+  """Suite mode 'host' (exact index) answers every passkey prompt as the device's top-k does."""
+  import dataclasses
+
+  from fot_jax.eval import suite
+  from test_eval_suite import _tiny_run
+  ck, c = _tiny_run(tmp_path)
+  c = dataclasses.replace(c, topk=4, passkey=dataclasses.replace(c.passkey, lengths=(300,)))
+  host = suite.run(ck, ["passkey"], str(tmp_path / "h"), dataclasses.replace(c, mode="host", host_index="flat"),
+                   name="host")["passkey"]
+  device = suite.run(ck, ["passkey"], str(tmp_path / "d"), dataclasses.replace(c, mode="topk"), name="topk")["passkey"]
+  assert [p["answer"] for p in host["prompts"]] == [p["answer"] for p in device["prompts"]]
+  assert len(host["prompts"]) == 2
