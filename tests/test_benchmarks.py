@@ -54,3 +54,18 @@ def test_compile_time_compiles_both_variants(tmp_path):
   assert [r["variant"] for r in out["results"]] == ["unrolled", "scanned"]
   assert all(r["median_total_s"] > 0 and r["temp_bytes"] > 0 and len(r["total_s"]) == 1 for r in out["results"])
   assert json.loads((tmp_path / "r.json").read_text())["unrolled_over_scanned"] == out["unrolled_over_scanned"]
+
+
+def test_host_memory_benchmark_reads_one_prompt_both_ways(tmp_path):
+  from benchmarks import host_memory
+  from fot_jax import checkpoint
+  from fot_jax.model.config import get_size
+  from fot_jax.model.init import init_params
+  cfg = get_size("tiny", vocab_size=260)
+  ck = str(tmp_path / "ckpt")
+  checkpoint.save(ck, init_params(cfg, 0), cfg, 16)
+  out = host_memory.main(["--checkpoint", ck, "--vocab", "byte", "--window", "16", "--lengths", "200",
+                          "--variants", "dense,host_flat", "--topk", "4", "--json", str(tmp_path / "r.json")])
+  assert [r["variant"] for r in out["rows"]] == ["dense", "host_flat"]
+  assert all(r["seconds"] > 0 for r in out["rows"]) and len(out["ratios"]) == 1
+  assert json.loads((tmp_path / "r.json").read_text())["ratios"] == out["ratios"]
