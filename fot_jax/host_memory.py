@@ -197,6 +197,12 @@ class HostMemoryInference:
       raise ValueError("host memory: the model has no memory layers")
     self.cfg, self.params, self.window, self.topk = cfg, params, window, topk
     self.kind, self.nprobe, self.ivf_from = kind, nprobe, ivf_from
+    self.hits = self.total = 0  # recall counts over every prompt read
+
+  @property
+  def recall(self) -> Optional[float]:
+    """recall@k against exact search over every prompt read so far (None: no approximate search)."""
+    return self.hits / self.total if self.total else None
 
   def new_memory(self, batch: int, capacity: int = 0) -> HostMemory:
     del capacity  # the host stores grow by themselves
@@ -230,7 +236,7 @@ class HostMemoryInference:
     if b != memory.batch:
       raise ValueError(f"host memory: {b} rows but the memory was made for {memory.batch}")
     token_mask = np.ones((b, length), bool) if token_mask is None else np.asarray(token_mask, bool)
-    outs = []
+    outs, hits, total = [], memory.hits, memory.total
     for start in range(0, length, self.window):
       tok = tokens[:, start:start + self.window]
       msk = token_mask[:, start:start + self.window]
@@ -242,6 +248,7 @@ class HostMemoryInference:
       logits = self._window(tok, msk, memory, keep)
       if keep:
         outs.append(np.asarray(logits[:, :n]))
+    self.hits, self.total = self.hits + memory.hits - hits, self.total + memory.total - total
     return np.concatenate(outs, axis=1) if outs else None
 
   def generate(self, *args, **kwargs):

@@ -62,6 +62,7 @@ def test_ivf_host_memory_measures_its_recall():
   mem = coarse.new_memory(2)
   coarse.process(tokens, mem, mask)
   assert mem.recall is not None and 0.0 < mem.recall <= 1.0
+  assert coarse.recall == mem.recall and full.recall == 1.0  # the inference's count over its prompts
 
 
 def test_bad_host_memory_settings_are_refused():

@@ -165,9 +165,13 @@ def run_rd(ctx: Context) -> Dict:
 def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
   s = ctx.settings
   g = s.passkey if suite == "passkey" else s.niah  # niah_multi: the niah grid
-  return retrieval.grid(retrieval.InferenceModel(ctx.inference()), ctx.vocab, make_prompt, list(g.lengths),
-                        retrieval.depth_list(g.depths), g.trials, s.seed, s.batch, g.threshold, ctx.name, suite,
-                        ctx.records(suite))
+  inference = ctx.inference()
+  out = retrieval.grid(retrieval.InferenceModel(inference), ctx.vocab, make_prompt, list(g.lengths),
+                       retrieval.depth_list(g.depths), g.trials, s.seed, s.batch, g.threshold, ctx.name, suite,
+                       ctx.records(suite))
+  if getattr(inference, "recall", None) is not None:  # host memory's IVF index against exact search
+    out["recall"] = inference.recall
+  return out
 
 
 def run_passkey(ctx: Context) -> Dict:
