@@ -20,9 +20,9 @@ def _model(mem_layers):
   return cfg, params
 
 
-def _prompts():
+def _prompts(windows=3):
   rng = np.random.default_rng(0)
-  tokens = rng.integers(1, 64, (2, 5 * WINDOW + 7)).astype(np.int32)
+  tokens = rng.integers(1, 64, (2, windows * WINDOW + 7)).astype(np.int32)
   mask = np.ones(tokens.shape, bool)
   mask[1, :WINDOW + 5] = False  # a shorter prompt, padded in front (as end-aligned prompts are)
   return tokens, mask
@@ -51,17 +51,17 @@ def test_exact_host_memory_equals_the_devices_topk_and_dense_memory(mem_layers):
 
 def test_ivf_host_memory_measures_its_recall():
   cfg, params = _model((1,))
-  tokens, mask = _prompts()
+  tokens, mask = _prompts(windows=12)  # memory of ~190 entries: inverted lists of ~40 (nlist 4)
   exact = _logits(HostMemoryInference(cfg, params, WINDOW, topk=4, kind="flat"), tokens, mask)
   # every list probed: the inverted lists find what the exact index finds
-  full = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="ivf", nprobe=1024, ivf_from=32)
+  full = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="ivf", nprobe=1024, ivf_from=64)
   mem = full.new_memory(2)
   np.testing.assert_allclose(full.process(tokens, mem, mask)[mask], exact[mask], atol=2e-4, rtol=1e-4)
   assert mem.recall == 1.0
-  coarse = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="ivf", nprobe=1, ivf_from=32)
+  coarse = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="ivf", nprobe=1, ivf_from=64)
   mem = coarse.new_memory(2)
   coarse.process(tokens, mem, mask)
-  assert mem.recall is not None and 0.0 < mem.recall <= 1.0
+  assert mem.recall is not None and 0.0 < mem.recall < 1.0  # one list of 4 searched: some top-k missed
   assert coarse.recall == mem.recall and full.recall == 1.0  # the inference's count over its prompts
 
 
@@ -81,7 +81,7 @@ def test_the_passkey_suite_reads_through_host_memory(tmp_path):
   from fot_jax.eval import suite
   from test_eval_suite import _tiny_run
   ck, c = _tiny_run(tmp_path)
-  c = dataclasses.replace(c, topk=4, passkey=dataclasses.replace(c.passkey, lengths=(300,)))
+  c = dataclasses.replace(c, topk=4, passkey=dataclasses.replace(c.passkey, lengths=(160,)))
   host = suite.run(ck, ["passkey"], str(tmp_path / "h"), dataclasses.replace(c, mode="host", host_index="flat"),
                    name="host")["passkey"]
   device = suite.run(ck, ["passkey"], str(tmp_path / "d"), dataclasses.replace(c, mode="topk"), name="topk")["passkey"]
