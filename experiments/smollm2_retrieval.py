@@ -33,6 +33,8 @@ Measured (2026-12-02, 2 CPU cores): the near phase reached its threshold at step
 same held-out perplexities to the last digit). Window 512, dense memory: passkey 8/8 at 4K, 8/8 at
 16K, 3/4 at 32K; held-out perplexity 7.69 without memory (the import: 7.76) and 4.87 with 2,048
 tokens of memory; RULER-style held-out needles 0.00-0.50 and multi-key 0 (docs/retrieval.md).
+Retrained 2026-12-05 (70 steps, 2,004 s on shared cores): through host memory (--eval.mode=host,
+faiss IVF, top-32) passkey 2/4 at 64K and 2/4 at 128K (misses drop one digit of five).
 On a GPU/TPU only sizes change, e.g. --config.model.overrides.dtype=bfloat16 and more slots.
 
 Variant 'lookalike' (issue 35; `--config=experiments/smollm2_retrieval.py:lookalike`): hard
