@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax.inference import padded_width
+from fot_jax.inference import windows_of
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
@@ -237,13 +237,7 @@ class HostMemoryInference:
       raise ValueError(f"host memory: {b} rows but the memory was made for {memory.batch}")
     token_mask = np.ones((b, length), bool) if token_mask is None else np.asarray(token_mask, bool)
     outs, hits, total = [], memory.hits, memory.total
-    for start in range(0, length, self.window):
-      tok = tokens[:, start:start + self.window]
-      msk = token_mask[:, start:start + self.window]
-      n = tok.shape[1]
-      if n < self.window:
-        width = padded_width(self.cfg, self.window, n)
-        tok, msk = np.pad(tok, [(0, 0), (0, width - n)]), np.pad(msk, [(0, 0), (0, width - n)])
+    for start, n, tok, msk in windows_of(self.cfg, self.window, tokens, token_mask):
       keep = want_logits and start + self.window > logits_from
       logits = self._window(tok, msk, memory, keep)
       if keep:

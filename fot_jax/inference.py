@@ -182,6 +182,18 @@ def padded_width(cfg: ModelConfig, window: int, n: int) -> int:
   return min(window, max(16, pow2(n)))
 
 
+def windows_of(cfg: ModelConfig, window: int, tokens: np.ndarray, token_mask: np.ndarray):
+  """(start, n, tokens, mask) of each window from token 0: n real tokens, the last window padded
+  (`padded_width`; padding is masked)."""
+  for start in range(0, tokens.shape[1], window):
+    tok, msk = tokens[:, start:start + window], token_mask[:, start:start + window]
+    n = tok.shape[1]
+    if n < window:
+      width = padded_width(cfg, window, n)
+      tok, msk = np.pad(tok, [(0, 0), (0, width - n)]), np.pad(msk, [(0, 0), (0, width - n)])
+    yield start, n, tok, msk
+
+
 class MemoryInference:
   """Window-by-window processing of long inputs with FoT memory."""
 
@@ -221,14 +233,7 @@ class MemoryInference:
       raise ValueError(f"inference: {b} rows but the memory was made for {memory.batch}")
     token_mask = np.ones((b, length), bool) if token_mask is None else np.asarray(token_mask, bool)
     outs = []
-    for start in range(0, length, self.window):
-      tok = tokens[:, start:start + self.window]
-      msk = token_mask[:, start:start + self.window]
-      n = tok.shape[1]
-      if n < self.window:
-        width = padded_width(self.cfg, self.window, n)
-        tok = np.pad(tok, [(0, 0), (0, width - n)])
-        msk = np.pad(msk, [(0, 0), (0, width - n)])
+    for start, n, tok, msk in windows_of(self.cfg, self.window, tokens, token_mask):
       logits, mem_kv = forward_window(self.params, jnp.asarray(tok), jnp.asarray(msk), memory.blocks(),
                                self.cfg, self.mode, self.topk, self.chunk, stop_after, self.recall)
       memory.add(mem_kv, jnp.asarray(msk))
