@@ -38,6 +38,12 @@ from fot_jax.model.memory import MemoryBlock
 KINDS = ("flat", "ivf")
 
 
+def ivf_lists(n: int) -> int:
+  """Inverted lists for an IVF index over n keys: 4 sqrt(n), at most 1024 (k-means cost), and at
+  least 39 keys a list (faiss's minimum training points per centroid)."""
+  return max(1, min(1024, int(4 * math.sqrt(n)), n // 39))
+
+
 class _LayerStore:
   """One row's memory of one memory layer: keys / values [N, KV, D] (float32, buffers that double)
   and, per kv head, a faiss inner-product index over the keys."""
@@ -73,7 +79,7 @@ class _LayerStore:
   def _train_ivf(self) -> None:
     import faiss
     n = self.size
-    nlist = max(1, min(1024, int(4 * math.sqrt(n)), n // 39))  # faiss wants >= 39 training points a list
+    nlist = ivf_lists(n)
     rng = np.random.default_rng(n)
     sample = rng.choice(n, min(n, 64 * nlist), replace=False)
     self.indexes = []

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fot_jax.host_memory import ivf_lists
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
@@ -44,8 +45,7 @@ class HostIndex:
     self.keys, self.values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
     m, kv, d = self.keys.shape
     self.kind, self.nprobe, self.recall_queries = kind, int(nprobe), int(recall_queries)
-    # 4 sqrt(M) lists, at most 1024 (k-means cost), and >= 39 keys per list (faiss's minimum)
-    self.nlist = int(nlist) or max(1, min(1024, int(4 * math.sqrt(m)), m // 39))
+    self.nlist = int(nlist) or ivf_lists(m)
     self.rng = np.random.default_rng(seed)
     self.indexes = []
     for h in range(kv):
