@@ -63,6 +63,16 @@ def document_tokens(task: str, vocab: seqio.Vocabulary, split: str = "train", se
   return ds.skip(skip).prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
 
 
+def document_texts(task: str, split: str, n: Optional[int] = None) -> List[str]:
+  """The first n (all: None) documents of a text task's split, in stored order, as strings."""
+  provider = tasks.get_provider(task)
+  if tasks.TEXT not in provider.output_features:
+    raise ValueError(f"task {task!r} holds token ids, not text; use a text task (files:PATTERN, jsonl:PATTERN, stdlib)")
+  ds = provider.get_dataset(sequence_length=None, split=split, shuffle=False, use_cached=False)
+  ds = ds.map(lambda ex: ex[tasks.TEXT])
+  return [t.decode("utf-8", "replace") for t in (ds if n is None else ds.take(n)).as_numpy_iterator()]
+
+
 def long_documents(task: str, vocab: seqio.Vocabulary, split: str, need: int, n: int,
                    wrap: Optional[Tuple[int, int]] = None) -> List[np.ndarray]:
   """Up to n documents of at least `need` tokens, in stored order (held-out evaluation);

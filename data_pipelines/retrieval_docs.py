@@ -14,7 +14,8 @@ What the model may learn from, and what it must not (docs/retrieval.md):
 * Several statement templates and question forms per fact, some questions paraphrasing the
   statement (the answer has to be found by its key, not by repeating the sentence).
 * Haystacks: a short cycle of sentences repeated (near-identical distractors, as passkey
-  filler is), varied generated prose, or other facts under other keys (the multi-key case).
+  filler is), varied generated prose, real text of another task (`haystack_task`: consecutive
+  sentences of one document), or other facts under other keys (the multi-key case).
   Hard negatives: `near_keys` of those other keys share a part with an asked key (its adjective
   or noun, first or last name, leading digits), so a fact is found by its whole key; and with
   `shared_shape` a step's documents all state their facts in one template, kind and key kind,
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -86,7 +88,24 @@ OBJECTS = ("the stone bridge", "a broken wheel", "the northern road", "an empty 
            "a letter from home", "the market square", "a wooden chest", "the west tower", "the orchard")
 ENDINGS = ("before noon", "in the evening", "after the storm", "with great care", "once again",
            "without a word", "for an hour", "during the festival", "at first light", "last winter")
-HAYSTACKS = ("repeat", "prose", "facts")
+HAYSTACKS = ("repeat", "prose", "facts", "text")
+# A 'text' haystack is real text (the view's `haystack_task`), cut into sentence-like units: a run
+# of consecutive units from one document, so the facts sit in prose the model did not see made.
+_UNIT_SPLIT = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+def text_units(texts: Sequence[str], min_words: int = 4, max_chars: int = 400) -> List[List[str]]:
+  """Each document's sentence-like units (split at sentence ends and blank lines, whitespace
+  folded), keeping units of at least `min_words` words (headers, code and tables mostly go) cut to
+  `max_chars`; documents with fewer than 8 units are dropped."""
+  out = []
+  for text in texts:
+    units = [" ".join(u.split())[:max_chars] for u in _UNIT_SPLIT.split(text)]
+    units = [u for u in units if len(_WORD.findall(u)) >= min_words]
+    if len(units) >= 8:
+      out.append(units)
+  return out
 
 
 def make_key(kind: str, rng: np.random.Generator) -> str:
@@ -156,13 +175,14 @@ class RetrievalSpec:
   facts: Tuple[int, int] = (1, 4)
   queries: Tuple[int, int] = (1, 2)
   memory_fraction: float = 0.9  # share of asked facts placed before the question's window
-  haystacks: Tuple[str, ...] = HAYSTACKS
+  haystacks: Tuple[str, ...] = HAYSTACKS[:3]  # the synthetic ones; 'text' needs a haystack_task
   # hard negatives: the share of a 'facts' haystack's keys made like an asked key, and the share
   # of steps whose documents all share one statement template, kind and key kind with a 'facts'
   # haystack (every crossbatch negative then a look-alike fact under another key)
   near_keys: float = 0.0
   shared_shape: float = 0.0
   text_task: str = ""  # LM task of the natural-text slots ('' = none)
+  haystack_task: str = ""  # text task of the 'text' haystacks (configs.resolve: '' = the corpus)
   text_slots: float = 0.0  # share of the slots (rounded down) holding natural text
   text_scored_windows: int = 1
 
@@ -203,6 +223,8 @@ class RetrievalSpec:
       raise ValueError(f"{where}.text_scored_windows: must be >= 1, got {self.text_scored_windows}")
     if self.text_slots and not self.text_task:
       raise ValueError(f"{where}: text_slots={self.text_slots} needs a text_task")
+    if "text" in self.haystacks and not self.haystack_task:
+      raise ValueError(f"{where}: a 'text' haystack needs a haystack_task (a text task: files:PATTERN, jsonl:...)")
 
 
 class _Tokens:
@@ -239,9 +261,11 @@ def draw_shape(spec: RetrievalSpec, rng: np.random.Generator) -> Tuple[int, str,
 
 
 def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, rng: np.random.Generator,
-             bos: int, shape: Optional[Tuple[int, str, str, str]] = None) -> Dict:
+             bos: int, shape: Optional[Tuple[int, str, str, str]] = None,
+             passages: Optional[List[List[str]]] = None) -> Dict:
   """One document of exactly `length` tokens (bos first): haystack with facts, then the questions.
   shape: (template index, kind, key kind, haystack), drawn when not given (`draw_shape`).
+  passages: the units of the 'text' haystack's documents (`text_units`).
   Returns tokens, answer_mask (the value tokens of the answers) and the facts for tests."""
   template_i, kind, key_kind, haystack = draw_shape(spec, rng) if shape is None else shape
   statement, questions = TEMPLATES[template_i]
@@ -275,11 +299,18 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
   filler_budget = budget - sum(len(f) for f in fact_ids)
   cycle = [FILLER_SENTENCES[j] for j in rng.permutation(len(FILLER_SENTENCES))[:int(rng.integers(3, 7))]]
   pieces, used = [], 0
+  if haystack == "text":
+    if not passages:
+      raise ValueError("retrieval: a 'text' haystack needs passages (text_units of the haystack_task)")
+    passage = passages[rng.integers(len(passages))]
+    first = int(rng.integers(len(passage)))
   while used < filler_budget:
     if haystack == "repeat":
       s = cycle[len(pieces) % len(cycle)]
     elif haystack == "prose":
       s = prose_sentence(rng)
+    elif haystack == "text":
+      s = passage[(first + len(pieces)) % len(passage)]
     else:  # other facts, under keys no document of the batch uses, never asked; some like an asked one
       like = facts[asked[int(rng.integers(len(asked)))]][0] if spec.near_keys and rng.random() < spec.near_keys else None
       s = statement.format(key=keys.draw(key_kind, like), kind=kind, value=make_value(rng))
@@ -312,8 +343,14 @@ class RetrievalBatches:
   doc_ids [slots * windows, window]."""
 
   def __init__(self, spec: RetrievalSpec, vocab, *, slots: int, windows: int, window: int, seed: int,
-               text_batches=None):
+               text_batches=None, haystack_texts: Optional[Sequence[str]] = None):
     spec.validate(windows=windows)
+    self.passages = None
+    if "text" in spec.haystacks:
+      self.passages = text_units(haystack_texts or ())
+      if not self.passages:
+        raise ValueError(f"retrieval: the 'text' haystack's task {spec.haystack_task!r} has no document of 8 or "
+                         f"more sentences")
     self.spec, self.slots, self.windows, self.window, self.seed = spec, slots, windows, window, seed
     self.n_text = int(spec.text_slots * slots)
     if self.n_text and text_batches is None:
@@ -336,7 +373,7 @@ class RetrievalBatches:
     rows = {f: [] for f in ("inputs", "targets", "loss_mask", "accuracy_mask", "doc_ids")}
     for s in range(n_ret):
       for j in range(per_slot):
-        d = document(self.spec, self.tokens, doc_len, keys, rng, self.bos, shared)
+        d = document(self.spec, self.tokens, doc_len, keys, rng, self.bos, shared, self.passages)
         toks, m = d["tokens"], d["answer_mask"]
         rows["inputs"].append(toks[:-1].reshape(-1, t))
         rows["targets"].append(toks[1:].reshape(-1, t))

@@ -69,7 +69,10 @@ def _shape(windows: int, window: int):
           segments_spec([(j, j * (SLOTS - 1)) for j in range(windows)]))
 
 
-VARIANTS = ("base", "lookalike", "multikey")
+VARIANTS = ("base", "lookalike", "multikey", "mixed")
+# Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
+# put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
+PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
 # multikey: every attention layer trains (the in-window key match feeds the memory layers' queries)
 ALL_ATTENTION = r"layers_\d+/self_attn/.*"
 MK_NEAR, MK_FAR = 30, 90
@@ -109,6 +112,13 @@ def get_config(variant: str = "base"):
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), **mk),
         "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, **mk)})
+  elif variant == "mixed":
+    # multikey's look-alike facts, plus facts in real prose (consecutive sentences of package
+    # READMEs) and in repeated filler: the same keys and questions, three kinds of haystack
+    mixed = dict(near_keys=0.5, haystacks=("facts", "text", "text", "repeat"), haystack_task=PROSE, **text)
+    c.data.retrieval = ml_collections.ConfigDict({
+        "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), **mixed),
+        "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, **mixed)})
   else:
     # Look-alikes: the local window (128 tokens, ~6 facts) and memory hold facts in the asked
     # fact's own template under other keys, half of them sharing a part of an asked key; on half
@@ -120,7 +130,7 @@ def get_config(variant: str = "base"):
         "mid": dict(doc_windows=4, facts=(2, 8), queries=(1, 3), **hard),
         "far": dict(doc_windows=windows, facts=(4, 16), queries=(1, 4), shared_shape=0.5,
                     haystacks=("repeat", "prose", "facts", "facts"), **hard)})
-  steps = NEAR + MID + FAR if variant != "multikey" else MK_NEAR + MK_FAR
+  steps = NEAR + MID + FAR if variant not in ("multikey", "mixed") else MK_NEAR + MK_FAR
   c.optim.lr, c.optim.warmup_steps, c.optim.schedule, c.optim.total_steps = 3e-4, 5, "constant", steps
   c.optim.weight_decay, c.optim.clip_norm = 0.01, 1.0
   c.train.steps, c.train.loss_on = steps, "all"
@@ -130,7 +140,7 @@ def get_config(variant: str = "base"):
        "threshold": 0.9, "window": 3, "max_steps": NEAR},
       {"name": "mid", "task": "mid", "spec": negatives, "steps": MID},
       {"name": "far", "task": "far", "spec": negatives, "steps": FAR}]})
-  if variant == "multikey":
+  if variant in ("multikey", "mixed"):
     c.train.trainable = (ALL_ATTENTION,)
     c.optim.lr = 2e-4
     c.train.curriculum.phases = [

@@ -290,10 +290,12 @@ def _repeat_feed(data: LMDataSettings, name: str) -> RepeatFeed:
 
 def _retrieval_feed(data: LMDataSettings, name: str) -> RetrievalSpec:
   """Retrieval documents (fields of data_pipelines.retrieval_docs.RetrievalSpec); natural-text slots
-  read the corpus unless the view names its own `text_task`."""
+  and 'text' haystacks read the corpus unless the view names its own `text_task` / `haystack_task`."""
   fields = _plain(data.retrieval[name])
   if fields.get("text_slots") and not fields.get("text_task"):
     fields["text_task"] = data.corpus
+  if "text" in (fields.get("haystacks") or ()) and not fields.get("haystack_task"):
+    fields["haystack_task"] = data.corpus
   spec = RetrievalSpec.from_dict(fields, f"data.retrieval.{name}")
   spec.validate(f"data.retrieval.{name}", data.windows_per_slot)
   return spec
@@ -338,6 +340,10 @@ def _corpus_views(data: LMDataSettings, feeds: Dict[Optional[str], Any], raw_dat
         own = _plain(data.retrieval[task]).get("text_task")
         out.append((f"retrieval view {task!r} text slots", chosen(f"data.retrieval.{task}.text_task", own),
                     feed.text_task, data.split))
+      if "text" in feed.haystacks:
+        own = _plain(data.retrieval[task]).get("haystack_task")
+        out.append((f"retrieval view {task!r} text haystacks", chosen(f"data.retrieval.{task}.haystack_task", own),
+                    feed.haystack_task, data.split))
     else:
       out.append((f"curriculum task {task!r}", "train.curriculum", task, data.split))
   out.append(("held-out evaluation", chosen("data.eval_task", raw_data.get("eval_task")), data.eval_task,

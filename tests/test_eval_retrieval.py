@@ -88,6 +88,12 @@ def test_niah_prompts_decode_with_needles_where_intended(vocab_name, spm_vocab):
   assert niah.needle(int(answer), asked) in prompt
   if vocab_name == "byte":
     assert abs(len(ids) - 512) <= 8
+  plain = niah.make_prompt_fn(vocab, hay, 1, style="plain")  # for prose haystacks: no comment marks
+  prompt, answer = plain(512, 1.0, np.random.default_rng(0))
+  assert prompt.endswith(f"The secret number is {int(answer)}.\n\nQuestion: what is the secret number? "
+                         f"Answer: the secret number is")
+  with pytest.raises(ValueError, match="style must be one of"):
+    niah.make_prompt_fn(vocab, hay, 1, style="markdown")(512, 0.5, np.random.default_rng(0))
 
 
 def test_scoring_with_a_perfect_stub_and_a_dip():

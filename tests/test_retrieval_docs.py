@@ -53,12 +53,19 @@ def _docs(batch, doc_windows):
     yield ids, mask
 
 
+# A 'text' haystack's documents: sentences with no digits (the values are the only 5-7 digit numbers)
+PROSE = ["\n\n".join(" ".join(f"The {w} of part {chr(97 + d)} is told in sentence {chr(97 + i)} of this note."
+                               for i in range(3)) for w in ("river", "mill", "road", "bell"))
+         for d in range(6)] + ["too short. only two."]
+
+
 @pytest.mark.parametrize("doc_windows,facts,queries,haystacks", [
     (2, (1, 2), (1, 1), rd.HAYSTACKS), (4, (3, 6), (1, 3), ("facts",)), (8, (2, 12), (1, 4), rd.HAYSTACKS)])
 def test_documents_state_facts_before_questions_with_distinct_keys(vocab, doc_windows, facts, queries, haystacks):
-  spec = rd.RetrievalSpec(doc_windows=doc_windows, facts=facts, queries=queries, haystacks=haystacks)
+  spec = rd.RetrievalSpec(doc_windows=doc_windows, facts=facts, queries=queries, haystacks=haystacks,
+                          haystack_task="prose")
   window = 128  # both vocabularies are about a byte a token
-  batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=8, window=window, seed=3)
+  batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=8, window=window, seed=3, haystack_texts=PROSE)
   in_memory = asked_total = 0
   for step in range(3):
     batch = batches(step)
@@ -87,6 +94,29 @@ def test_documents_state_facts_before_questions_with_distinct_keys(vocab, doc_wi
         in_memory += v in prefix
         asked_total += 1
   assert in_memory / asked_total >= 0.6, (in_memory, asked_total)  # memory_fraction 0.9, minus overflow
+
+
+def test_text_haystack_is_consecutive_sentences_of_one_document():
+  units = rd.text_units(PROSE)
+  assert len(units) == 6 and all(len(u) == 12 for u in units)  # the two-sentence document is dropped
+  assert units[0][:2] == ["The river of part a is told in sentence a of this note.",
+                          "The river of part a is told in sentence b of this note."]
+  vocab = vocab_lib.get_vocabulary("byte")
+  spec = rd.RetrievalSpec(doc_windows=2, facts=(1, 2), queries=(1, 1), haystacks=("text",), haystack_task="p")
+  batch = rd.RetrievalBatches(spec, vocab, slots=2, windows=2, window=256, seed=0, haystack_texts=PROSE)(0)
+  for ids, _ in _docs(batch, 2):
+    text = vocab.decode(ids[1:].tolist())
+    sentences = re.findall(r"The (\w+) of part (\w) is told in sentence (\w) of this note\.", text)
+    assert len(sentences) >= 5 and len({p for _, p, _ in sentences}) == 1  # one document's units
+    # in order: each sentence follows the one before it in its document (wrapping round)
+    order = [units[ord(p) - 97].index(f"The {w} of part {p} is told in sentence {i} of this note.")
+             for w, p, i in sentences]
+    assert all((b - a) % 12 == 1 for a, b in zip(order, order[1:])), order
+    assert facts_in(text)
+  with pytest.raises(ValueError, match="needs a haystack_task"):
+    rd.RetrievalSpec(haystacks=("text",)).validate()
+  with pytest.raises(ValueError, match="no document of 8 or more sentences"):
+    rd.RetrievalBatches(spec, vocab, slots=2, windows=2, window=256, seed=0, haystack_texts=PROSE[-1:])
 
 
 def _key_parts(key):
@@ -232,5 +262,8 @@ def test_experiment_config_validates_and_names_its_tasks():
   feeds = configs.resolve(lookalike, check_data=False).lm.feeds
   assert [feeds[p["task"]].doc_windows for p in lookalike.train.curriculum.phases] == [2, 4, 4]
   assert feeds["far"].shared_shape == 0.5 and lookalike.data.window == 128
+  mixed = configs.resolve(smollm2_retrieval.get_config("mixed"), check_data=False).lm
+  assert mixed.feeds["far"].haystack_task == smollm2_retrieval.PROSE and "text" in mixed.feeds["far"].haystacks
+  assert any(view.endswith("text haystacks") and task == smollm2_retrieval.PROSE for view, _, task, _ in mixed.views)
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")

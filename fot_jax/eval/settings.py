@@ -64,8 +64,9 @@ class GridSuite:
 @dataclasses.dataclass(frozen=True)
 class NiahSuite(GridSuite):
   """niah: the passkey grid in a haystack of corpus_docs documents of the suite's task, single and
-  n_needles needles."""
+  n_needles needles; style 'comment' (Python comment lines, for code) or 'plain' (for prose)."""
   n_needles: int = _field(4, least=1)
+  style: str = _field("comment", choices=("comment", "plain"))
   corpus_docs: int = _field(200, least=1)
 
 

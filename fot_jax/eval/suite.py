@@ -130,13 +130,7 @@ class Context:
                      f"{need} tokens, {n} are needed; lower the sizes or the document count")
 
   def texts(self, n: int) -> List[str]:
-    s = self.settings
-    provider = tasks.get_provider(s.task)
-    if tasks.TEXT not in provider.output_features:
-      raise ValueError(f"niah: task {s.task!r} holds token ids, not text; use a text task (eval.task=stdlib)")
-    ds = provider.get_dataset(sequence_length=None, split=s.split, shuffle=False, use_cached=False)
-    return [t.decode("utf-8", "replace") for t in
-            ds.map(lambda ex: ex[tasks.TEXT]).take(n).as_numpy_iterator()]
+    return pipeline.document_texts(self.settings.task, self.settings.split, n)
 
 
 def run_ppl(ctx: Context) -> Dict:
@@ -182,8 +176,8 @@ def run_niah(ctx: Context) -> Dict:
   s = ctx.settings
   hay = niah.Haystack(ctx.vocab, ctx.texts(s.niah.corpus_docs))
   out = {"haystack_tokens": int(len(hay.ids)), "task": s.task}
-  out["single"] = _grid(ctx, "niah", niah.make_prompt_fn(ctx.vocab, hay, 1))
-  out["multi"] = _grid(ctx, "niah_multi", niah.make_prompt_fn(ctx.vocab, hay, s.niah.n_needles))
+  out["single"] = _grid(ctx, "niah", niah.make_prompt_fn(ctx.vocab, hay, 1, s.niah.style))
+  out["multi"] = _grid(ctx, "niah_multi", niah.make_prompt_fn(ctx.vocab, hay, s.niah.n_needles, s.niah.style))
   out["multi"]["n_needles"] = s.niah.n_needles
   return out
 
