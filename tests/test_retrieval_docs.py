@@ -182,17 +182,27 @@ def _lm_eval_ruler_templates():
   strings = []
   for f in sorted(ruler_dir.glob("*.py")) + sorted(ruler_dir.glob("*.yaml")):
     src = f.read_text()
-    strings += re.findall(r'"""(.*?)"""', src, re.S) + re.findall(r'"([^"\n]{40,})"', src)
+    # (not a tokenizer probe such as tok("The quick brown fox ..."): no prompt holds it)
+    strings += re.findall(r'"""(.*?)"""', src, re.S) + re.findall(r'(?<!tok\()"([^"\n]{40,})"', src)
   fragments = [p for t in strings for p in re.split(r"\{[a-z_0-9]*\}", t)]
   assert any("special magic" in p for p in fragments), "lm-eval's RULER templates not found"
   return fragments
 
 
 def test_no_evaluation_template_in_training_documents():
+  """Neither the synthetic documents nor the mixed recipe's real-text haystacks (every unit of the
+  installed packages' READMEs it reads) hold an 8-gram or phrase of an evaluation prompt."""
+  from data_pipelines import pipeline
+  from experiments import smollm2_retrieval
+  prose = pipeline.document_texts(smollm2_retrieval.PROSE, "train")
+  assert len(prose) > 20, "the recipe's README haystack is missing: run the tests from the checkout's root after make install"
   vocab = vocab_lib.get_vocabulary("byte")
-  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5)
-  batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0)
+  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5,
+                          haystacks=rd.HAYSTACKS, haystack_task=smollm2_retrieval.PROSE)
+  batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0, haystack_texts=prose)
   text = "\n".join(vocab.decode(ids.tolist()) for step in range(16) for ids, _ in _docs(batches(step), 8))
+  assert len(text) > 120_000  # 128 documents
+  text += "\n".join(" ".join(units) for units in batches.passages)
   # no 8-gram of lm-eval's RULER prompts or of the project's own evaluation prompts
   eval_grams = set().union(*(_eight_grams(f) for f in _lm_eval_ruler_templates()))
   eval_grams |= set().union(*(_eight_grams(p) for p in ruler.EVAL_TEMPLATES))
@@ -200,9 +210,9 @@ def test_no_evaluation_template_in_training_documents():
   assert not eval_grams & _eight_grams(text), sorted(eval_grams & _eight_grams(text))[:5]
   eval_phrases = list(ruler.EVAL_TEMPLATES) + [
       passkey.QUESTION, passkey.needle(12345).split("12345")[0], niah.needle(1).split(" is ")[0],
+      niah.needle(1, style="plain").split(" is ")[0], niah.question(style="plain"),
       "special magic", "pass key", "secret number"]
   eval_phrases += [s.strip() for s in passkey.SENTENCES]  # the passkey haystack is the evaluation's own
-  assert len(text) > 120_000  # 128 documents
   for phrase in eval_phrases:
     assert phrase.strip() and phrase.strip().lower() not in text.lower(), phrase
 
