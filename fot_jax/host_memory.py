@@ -224,7 +224,9 @@ class HostMemoryInference:
     for j, layer in enumerate(layers):
       if layer > start:
         _, hidden, _ = _run_layers(self.params, tok, hidden, msk, None, self.cfg, start, layer - 1)
-      block = memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer), self.topk)
+      # nothing to read before the first window's keys join memory: no queries to compute
+      block = (memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer), self.topk)
+               if memory.size else None)
       stop = layers[j + 1] - 1 if j + 1 < len(layers) else (None if want_logits else layer)
       logits, hidden, kv = _run_layers(self.params, tok, hidden, msk, None if block is None else {layer: [block]},
                                        self.cfg, layer, stop)
