@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -156,16 +156,25 @@ class HostMemory:
     return MemoryBlock(jnp.asarray(keys), jnp.asarray(values), jnp.asarray(mask))
 
   def _count_recall(self, store: _LayerStore, q, ids, k: int) -> None:
-    """Retrieved entries among the exact top-k (NumPy brute force) on a sample of queries; an entry
-    counts when its score reaches the exact k-th best (repeated text holds many equal keys)."""
+    """recall_hits on a sample of each kv head's queries."""
     kv, nq, _ = q.shape
     for h in range(kv):
       pick = self.rng.choice(nq, min(self.recall_queries, nq), replace=False)
-      s = q[h, pick] @ store.keys[:store.size, h].T  # [S, N]
-      kth = -np.partition(-s, k - 1, axis=1)[:, k - 1:k]
-      got = np.take_along_axis(s, np.where(ids[h, pick] >= 0, ids[h, pick], 0), 1)
-      self.hits += int(((got >= kth - 1e-5) & (ids[h, pick] >= 0)).sum())
-      self.total += k * len(pick)
+      hits, total = recall_hits(q[h, pick] @ store.keys[:store.size, h].T, ids[h, pick], k)
+      self.hits, self.total = self.hits + hits, self.total + total
+
+
+def recall_hits(scores, ids, k: int) -> Tuple[int, int]:
+  """(retrieved entries among the exact top-k, k x queries): scores [S, N] of every memory entry
+  (NumPy brute force; -inf: excluded), ids [S, k] retrieved (-1: none). An entry counts when its
+  score reaches the exact k-th best (repeated text holds many equal keys: which of a tie is kept
+  changes nothing). k is capped at the entries that can be retrieved."""
+  k = min(k, int(np.isfinite(scores[0]).sum()) if len(scores) else 0)
+  if k <= 0:
+    return 0, 0
+  kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1:k]
+  got = np.take_along_axis(scores, np.where(ids[:, :k] >= 0, ids[:, :k], 0), 1)
+  return int(((got >= kth - 1e-5) & (ids[:, :k] >= 0)).sum()), k * len(scores)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "start", "stop"))

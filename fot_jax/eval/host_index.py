@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax.host_memory import ivf_lists
+from fot_jax.host_memory import ivf_lists, recall_hits
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
@@ -101,15 +101,10 @@ class HostIndex:
     return block, (hit / total if total else None)
 
   def _recall(self, q, ids, h, k, lo, hi):
-    """Retrieved entries among the exact top-k (brute force over the whole memory)."""
+    """recall_hits against a brute force over the whole memory, the excluded range left out."""
     s = q @ self.keys[:, h, :].T
     s[:, lo:hi] = -np.inf
-    kk = min(k, s.shape[1] - (hi - lo))
-    if kk <= 0:
-      return 0, 0
-    exact = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
-    hit = sum(len(set(e.tolist()) & set(f.tolist())) for e, f in zip(exact, ids))
-    return hit, kk * len(q)
+    return recall_hits(s, ids, k)
 
 
 class StreamedTopK:
