@@ -50,6 +50,12 @@ Variant 'multikey' (`--config=experiments/smollm2_retrieval.py:multikey`): multi
 as the near phase's metric, and every layer's attention trains (19.7% of the parameters), lr 2e-4;
 120 steps. Measured (2026-12-05, docs/retrieval.md): lm-evaluation-harness's niah_multikey_2 through
 memory, window 512: 0.7 at 4K and 0.6 at 16K (10 prompts each; the base recipe 0.25 / 0.0).
+
+Variant 'mixed' (`--config=experiments/smollm2_retrieval.py:mixed`): multikey's settings, with the
+asked facts hidden in three kinds of haystack: look-alike facts (a quarter of the documents),
+consecutive sentences of real prose (half: the package READMEs `make install` leaves in the
+virtualenv, PROSE; no evaluation haystack is among them) and repeated filler (a quarter). 120 steps,
+491,520 tokens, 3,561 s on 2 idle cores. Measured in docs/retrieval.md ("The mixed recipe").
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
