@@ -55,7 +55,7 @@ Variant 'mixed' (`--config=experiments/smollm2_retrieval.py:mixed`): multikey's 
 asked facts hidden in three kinds of haystack: look-alike facts (a quarter of the documents),
 consecutive sentences of real prose (half: the package READMEs `make install` leaves in the
 virtualenv, PROSE; no evaluation haystack is among them) and repeated filler (a quarter). 120 steps,
-491,520 tokens, 3,561 s on 2 idle cores. Measured in docs/retrieval.md ("The mixed recipe").
+491,520 tokens, 3,561 s on 2 cores. Measured in docs/retrieval.md ("The mixed recipe").
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
