@@ -21,6 +21,11 @@ What the model may learn from, and what it must not (docs/retrieval.md):
   `shared_shape` a step's documents all state their facts in one template, kind and key kind,
   so the crossbatch negatives (other slots' windows) are look-alike facts too, never the same
   key (the multi-key case at the scale of memory, not only of one document).
+* Document kinds (`doc_kinds`): 'lookup' asks a key for its value; 'chain' states a value for
+  one key and passes it from key to key, and asks the value for every key of its chain; 'tally'
+  lists entries of which a few recur, and asks for the most frequent ones in order. The last two
+  gather an answer from several windows of memory (what RULER's variable tracking and common-word
+  tasks ask), in their own templates.
 * No evaluation template: the phrases of `fot_jax.eval` prompts (passkey, NIAH, the RULER-style
   suite) never occur here (tests/test_retrieval_docs.py checks generated documents).
 * A `text_slots` share of the slots is natural text from an LM task (the slot batcher, resumable),
@@ -54,6 +59,9 @@ LAST_NAMES = ("Abbott", "Bianchi", "Costa", "Dubois", "Eriksen", "Fischer", "Gar
 KINDS = ("access code", "badge number", "room number", "order number", "account id", "tracking number",
          "seat number", "batch id", "voucher code", "shelf number")
 KEY_KINDS = ("word", "name", "number", "hex")
+# 'code': five capital letters (an id); drawn by the chain documents only, so the lookup documents
+# (and every recipe measured before it) keep their key kinds
+CHAIN_KEY_KINDS = KEY_KINDS + ("code",)
 
 # (statement, questions): {key}, {kind}, {value}. A question ends where the value follows.
 TEMPLATES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
@@ -89,6 +97,25 @@ OBJECTS = ("the stone bridge", "a broken wheel", "the northern road", "an empty 
 ENDINGS = ("before noon", "in the evening", "after the storm", "with great care", "once again",
            "without a word", "for an hour", "during the festival", "at first light", "last winter")
 HAYSTACKS = ("repeat", "prose", "facts", "text")
+# Document kinds: 'lookup' (facts under keys, asked by key: the value), 'chain' (a value stated for
+# one key and passed on from key to key: asked by the value, every key of the chain) and 'tally'
+# (a list in which a few entries recur: asked for the most frequent ones, most first). The two
+# last ones ask for what no single fact holds: a list gathered from several windows of memory.
+DOC_KINDS = ("lookup", "chain", "tally")
+# chain: {key} gets the kind of {other}; questions end where " k0, k1, ..." follows
+ALIAS_TEMPLATES = ("{key} takes the {kind} of {other}.", "Copy the {kind} of {other} to {key}.",
+                   "{key} := {other};", "Let {key} have the same {kind} as {other}.",
+                   "{key} shares its {kind} with {other}.", "set {key} = {other}")
+CHAIN_QUESTIONS = ("Which keys end up with the {kind} {value}? They are:", "Every key whose {kind} is {value}:",
+                   "{value} is the {kind} of:", "Q: all keys holding {value}? A:",
+                   "Trace {value} through the assignments. Keys:")
+# tally: one entry per list item; questions end where " w1, w2, ..." follows (most frequent first)
+TALLY_ENTRIES = ("{i}. {w}", "#{i} {w}", "({i}) {w}", "{w};", "- {w}")
+TALLY_QUESTIONS = ("Which {n} entries occur most often in the list above, most frequent first?",
+                   "The {n} most repeated entries above:", "Top {n} entries by count:",
+                   "Count the entries above; the {n} commonest are")
+# tally words without a 'text' haystack: the key words
+TALLY_WORDS = tuple(sorted(set(ADJECTIVES + NOUNS)))
 # A 'text' haystack is real text (the view's `haystack_task`), cut into sentence-like units: a run
 # of consecutive units from one document, so the facts sit in prose the model did not see made.
 _UNIT_SPLIT = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
@@ -118,7 +145,9 @@ def make_key(kind: str, rng: np.random.Generator) -> str:
     return f"unit {int(rng.integers(1000, 10000))}"
   if kind == "hex":
     return "".join(rng.choice(list("0123456789abcdef"), 8))
-  raise ValueError(f"retrieval: unknown key kind {kind!r}; known: {KEY_KINDS}")
+  if kind == "code":
+    return "".join(rng.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), 5))
+  raise ValueError(f"retrieval: unknown key kind {kind!r}; known: {CHAIN_KEY_KINDS}")
 
 
 def make_similar_key(key: str, kind: str, rng: np.random.Generator) -> str:
@@ -138,7 +167,9 @@ def make_similar_key(key: str, kind: str, rng: np.random.Generator) -> str:
     return f"unit {key[5:7]}{int(rng.integers(100)):02d}"
   if kind == "hex":
     return key[:4] + "".join(rng.choice(list("0123456789abcdef"), 4))
-  raise ValueError(f"retrieval: unknown key kind {kind!r}; known: {KEY_KINDS}")
+  if kind == "code":
+    return key[:2] + "".join(rng.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), 3))
+  raise ValueError(f"retrieval: unknown key kind {kind!r}; known: {CHAIN_KEY_KINDS}")
 
 
 def make_value(rng: np.random.Generator) -> str:
@@ -185,6 +216,7 @@ class RetrievalSpec:
   haystack_task: str = ""  # text task of the 'text' haystacks (configs.resolve: '' = the corpus)
   text_slots: float = 0.0  # share of the slots (rounded down) holding natural text
   text_scored_windows: int = 1
+  doc_kinds: Tuple[str, ...] = ("lookup",)  # drawn per document (DOC_KINDS)
 
   @classmethod
   def from_dict(cls, d: dict, where: str = "data.retrieval") -> "RetrievalSpec":
@@ -192,7 +224,7 @@ class RetrievalSpec:
     if unknown:
       raise ValueError(f"{where}: unknown field(s) {unknown}; known: {[f.name for f in dataclasses.fields(cls)]}")
     d = dict(d)
-    for f in ("facts", "queries", "haystacks"):
+    for f in ("facts", "queries", "haystacks", "doc_kinds"):
       if f in d:
         d[f] = tuple(d[f])
     spec = cls(**d)
@@ -213,6 +245,9 @@ class RetrievalSpec:
     bad = sorted(set(self.haystacks) - set(HAYSTACKS))
     if bad or not self.haystacks:
       raise ValueError(f"{where}.haystacks: choose from {HAYSTACKS}, got {list(self.haystacks)}")
+    bad = sorted(set(self.doc_kinds) - set(DOC_KINDS))
+    if bad or not self.doc_kinds:
+      raise ValueError(f"{where}.doc_kinds: choose from {DOC_KINDS}, got {list(self.doc_kinds)}")
     for name in ("near_keys", "shared_shape"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"{where}.{name}: must be in [0, 1], got {getattr(self, name)}")
@@ -260,6 +295,43 @@ def draw_shape(spec: RetrievalSpec, rng: np.random.Generator) -> Tuple[int, str,
           KEY_KINDS[rng.integers(len(KEY_KINDS))], spec.haystacks[rng.integers(len(spec.haystacks))])
 
 
+def haystack_pieces(haystack: str, budget: int, tokens, rng: np.random.Generator,
+                    passages: Optional[List[List[str]]] = None, other_fact=None) -> List[List[int]]:
+  """Filler sentences (token lists) of exactly `budget` tokens in all, the last one cut: a short
+  cycle repeated ('repeat'), generated prose ('prose'), consecutive units of one real document
+  ('text', from `passages`) or `other_fact()` statements ('facts')."""
+  cycle = [FILLER_SENTENCES[j] for j in rng.permutation(len(FILLER_SENTENCES))[:int(rng.integers(3, 7))]]
+  pieces, used = [], 0
+  if haystack == "text":
+    if not passages:
+      raise ValueError("retrieval: a 'text' haystack needs passages (text_units of the haystack_task)")
+    passage = passages[rng.integers(len(passages))]
+    first = int(rng.integers(len(passage)))
+  while used < budget:
+    if haystack == "repeat":
+      s = cycle[len(pieces) % len(cycle)]
+    elif haystack == "prose":
+      s = prose_sentence(rng)
+    elif haystack == "text":
+      s = passage[(first + len(pieces)) % len(passage)]
+    else:
+      s = other_fact()
+    pieces.append(tokens(" " + s)[:budget - used])
+    used += len(pieces[-1])
+  return pieces
+
+
+def _interleave(pieces: List[List[int]], statements: List[List[int]], inserts: Dict[int, List[int]]) -> List[int]:
+  """The haystack's pieces with statements[i] for i in inserts[b] (in that order) before piece b."""
+  out = []
+  for b in range(len(pieces) + 1):
+    for i in inserts.get(b, ()):
+      out += statements[i]
+    if b < len(pieces):
+      out += pieces[b]
+  return out
+
+
 def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, rng: np.random.Generator,
              bos: int, shape: Optional[Tuple[int, str, str, str]] = None,
              passages: Optional[List[List[str]]] = None) -> Dict:
@@ -297,25 +369,12 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
   # each fact inserted whole at the sentence boundary nearest its drawn offset. An asked fact
   # lies before the question's window with probability memory_fraction.
   filler_budget = budget - sum(len(f) for f in fact_ids)
-  cycle = [FILLER_SENTENCES[j] for j in rng.permutation(len(FILLER_SENTENCES))[:int(rng.integers(3, 7))]]
-  pieces, used = [], 0
-  if haystack == "text":
-    if not passages:
-      raise ValueError("retrieval: a 'text' haystack needs passages (text_units of the haystack_task)")
-    passage = passages[rng.integers(len(passages))]
-    first = int(rng.integers(len(passage)))
-  while used < filler_budget:
-    if haystack == "repeat":
-      s = cycle[len(pieces) % len(cycle)]
-    elif haystack == "prose":
-      s = prose_sentence(rng)
-    elif haystack == "text":
-      s = passage[(first + len(pieces)) % len(passage)]
-    else:  # other facts, under keys no document of the batch uses, never asked; some like an asked one
-      like = facts[asked[int(rng.integers(len(asked)))]][0] if spec.near_keys and rng.random() < spec.near_keys else None
-      s = statement.format(key=keys.draw(key_kind, like), kind=kind, value=make_value(rng))
-    pieces.append(tokens(" " + s)[:filler_budget - used])
-    used += len(pieces[-1])
+
+  def other_fact():  # under a key no document of the batch uses, never asked; some like an asked one
+    like = facts[asked[int(rng.integers(len(asked)))]][0] if spec.near_keys and rng.random() < spec.near_keys else None
+    return statement.format(key=keys.draw(key_kind, like), kind=kind, value=make_value(rng))
+
+  pieces = haystack_pieces(haystack, filler_budget, tokens, rng, passages, other_fact)
   bounds = np.cumsum([0] + [len(p) for p in pieces])  # token offset of every sentence boundary
   q_window_start = (length - len(q_ids)) // window * window - 1  # haystack offset of the question's window
   inserts = collections.defaultdict(list)
@@ -325,16 +384,139 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
     last = q_window_start - len(fact_ids[i]) if memory else filler_budget
     at = int(rng.integers(0, max(1, last) + 1))
     inserts[int(np.searchsorted(bounds, at, side="right") - 1)].append(i)
-  out = []
-  for b in range(len(pieces) + 1):
-    for i in inserts.get(b, ()):
-      out += fact_ids[i]
-    if b < len(pieces):
-      out += pieces[b]
+  out = _interleave(pieces, fact_ids, inserts)
   ids = [bos] + out + q_ids
   mask = [False] * (1 + len(out)) + q_mask
   return {"tokens": np.asarray(ids, np.int32), "answer_mask": np.asarray(mask, bool), "facts": facts,
           "asked": [facts[i] for i in asked], "template": template_i, "haystack": haystack}
+
+
+def _fit_error(what: str, length: int):
+  return ValueError(f"retrieval: {what} does not fit a document of {length} tokens; use longer documents "
+                    f"(doc_windows or the window)")
+
+
+def chain_document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, rng: np.random.Generator,
+                   bos: int, passages: Optional[List[List[str]]] = None) -> Dict:
+  """A 'chain' document of exactly `length` tokens: a value stated for one key, then passed from key
+  to key ("{key} takes the {kind} of {other}."), 1-4 hops, with 0-2 other chains of other values in
+  the same words, in a haystack; the question gives the value and the answer is every key of its
+  chain in order (" k0, k1, k2"). Statements keep their chain's order; with probability
+  memory_fraction the asked chain lies wholly before the question's window.
+  Returns tokens, answer_mask, chains ([(value, [keys])], the asked one first) and asked."""
+  template_i, kind = int(rng.integers(len(TEMPLATES))), KINDS[rng.integers(len(KINDS))]
+  key_kind = CHAIN_KEY_KINDS[rng.integers(len(CHAIN_KEY_KINDS))]
+  haystack = spec.haystacks[rng.integers(len(spec.haystacks))]
+  alias = ALIAS_TEMPLATES[rng.integers(len(ALIAS_TEMPLATES))]
+  statement = TEMPLATES[template_i][0]
+  values = set()
+  chains = []
+  for _ in range(1 + int(rng.integers(3))):
+    value = make_value(rng)
+    while value in values:
+      value = make_value(rng)
+    values.add(value)
+    chains.append((value, [keys.draw(key_kind) for _ in range(2 + int(rng.integers(4)))]))
+
+  def chain_ids(value, ks):
+    first = tokens(" " + statement.format(key=ks[0], kind=kind, value=value))
+    return [first] + [tokens(" " + alias.format(key=k, other=prev, kind=kind)) for prev, k in zip(ks, ks[1:])]
+
+  question = CHAIN_QUESTIONS[rng.integers(len(CHAIN_QUESTIONS))]
+  while True:  # fit: drop other chains, then the asked chain's last hops
+    value, ks = chains[0]
+    head, ans, end = tokens("\n" + question.format(kind=kind, value=value)), tokens(" " + ", ".join(ks)), tokens(".\n")
+    q_ids, q_mask = head + ans + end, [False] * len(head) + [True] * len(ans) + [False] * len(end)
+    stmts = [chain_ids(v, c) for v, c in chains]
+    budget = length - 1 - len(q_ids) - sum(len(x) for c in stmts for x in c)
+    if budget >= 8:
+      break
+    if len(chains) > 1:
+      chains.pop()
+    elif len(ks) > 2:
+      chains[0] = (value, ks[:-1])
+    else:
+      raise _fit_error("a chain of two keys and its question", length)
+  pieces = haystack_pieces(haystack, budget, tokens, rng, passages,
+                           lambda: statement.format(key=keys.draw(key_kind), kind=kind, value=make_value(rng)))
+  bounds = np.cumsum([0] + [len(p) for p in pieces])
+  window = length // spec.doc_windows
+  q_window_start = (length - len(q_ids)) // window * window - 1
+  flat, inserts = [], collections.defaultdict(list)
+  for c, chain in enumerate(stmts):
+    size = sum(len(x) for x in chain)
+    last = q_window_start - size if c == 0 and rng.random() < spec.memory_fraction else budget
+    for at in np.sort(rng.integers(0, max(1, last) + 1, len(chain))):
+      inserts[int(np.searchsorted(bounds, at, side="right") - 1)].append(len(flat))
+      flat.append(chain[len(flat) - sum(len(x) for x in stmts[:c])])
+  out = _interleave(pieces, flat, inserts)
+  ids, mask = [bos] + out + q_ids, [False] * (1 + len(out)) + q_mask
+  return {"tokens": np.asarray(ids, np.int32), "answer_mask": np.asarray(mask, bool), "chains": chains,
+          "asked": [chains[0]], "haystack": haystack}
+
+
+def tally_words(passages: Optional[List[List[str]]]) -> Tuple[str, ...]:
+  """The words a tally list draws from: the lower-case words (4-10 letters) of the 'text'
+  haystack's documents when there are at least 200, else TALLY_WORDS."""
+  words = sorted({w.lower() for units in passages or () for u in units for w in re.findall(r"\b[A-Za-z]{4,10}\b", u)})
+  return tuple(words) if len(words) >= 200 else TALLY_WORDS
+
+
+def tally_document(spec: RetrievalSpec, tokens: _Tokens, length: int, rng: np.random.Generator, bos: int,
+                   words: Sequence[str], word_tokens: int) -> Dict:
+  """A 'tally' document of exactly `length` tokens: a list ("12. word", "- word", ...) in which n+1
+  words recur (weights (n+1)^2 .. 1) among words seen once or twice, then repeated filler to the
+  exact length and the question for the n (2-5) most frequent ones, most frequent first
+  (" w1, w2, w3"). Counts are drawn until the n asked ones are strictly ordered and above the rest
+  (n lowered when a short list keeps failing). word_tokens: the most tokens of " {word}," over
+  `words`. Returns tokens, answer_mask, counts ({word: count}) and asked (the answer's words)."""
+  entry = TALLY_ENTRIES[rng.integers(len(TALLY_ENTRIES))]
+  question = TALLY_QUESTIONS[rng.integers(len(TALLY_QUESTIONS))]
+  n = int(rng.integers(2, 6))
+  # room for the question and the longest answer
+  reserve = len(tokens("\n" + question.format(n=n) + ".\n")) + n * word_tokens
+  budget = length - 1 - reserve - 8
+  if budget < 40:
+    raise _fit_error("a tally list and its question", length)
+  for attempt in range(40):
+    if attempt and attempt % 10 == 0:
+      n = max(2, n - 1)  # a short list rarely orders 5 counts strictly: ask fewer
+    drawn = [str(words[i]) for i in (rng.choice(len(words), 2 * length, replace=False)
+                                     if len(words) >= 2 * length else rng.permutation(len(words)))]
+    common, rare = drawn[:n + 1], iter(drawn[n + 1:])
+    weights = np.arange(n + 1, 0, -1, dtype=float) ** 2  # spread counts: strictly ordered more often
+    seen_rare, entries, used = [], [], 0
+    while True:
+      if rng.random() < 0.6:
+        w = common[rng.choice(n + 1, p=weights / weights.sum())]
+      elif seen_rare and rng.random() < 0.3:
+        w = seen_rare.pop(int(rng.integers(len(seen_rare))))  # a rare word's second (and last) time
+      else:
+        w = next(rare, None)
+        if w is None:
+          break
+        seen_rare.append(w)
+      ids = tokens(" " + entry.format(i=len(entries) + 1, w=w))
+      if used + len(ids) > budget:
+        break
+      entries.append((w, ids))
+      used += len(ids)
+    counts = collections.Counter(w for w, _ in entries)
+    top = sorted(counts, key=lambda w: -counts[w])[:n + 1]
+    ranked = [counts[w] for w in top]
+    if len(ranked) == n + 1 and all(a > b for a, b in zip(ranked, ranked[1:])) and ranked[n - 1] > 2:
+      break
+  else:
+    raise _fit_error(f"a tally list with {n} distinct top counts", length)
+  answer = top[:n]
+  head, ans, end = tokens("\n" + question.format(n=n)), tokens(" " + ", ".join(answer)), tokens(".\n")
+  q_ids, q_mask = head + ans + end, [False] * len(head) + [True] * len(ans) + [False] * len(end)
+  listed = [t for _, ids in entries for t in ids]
+  filler = haystack_pieces("repeat", length - 1 - len(listed) - len(q_ids), tokens, rng)
+  out = listed + [t for p in filler for t in p]
+  ids, mask = [bos] + out + q_ids, [False] * (1 + len(out)) + q_mask
+  return {"tokens": np.asarray(ids, np.int32), "answer_mask": np.asarray(mask, bool), "counts": dict(counts),
+          "asked": answer}
 
 
 class RetrievalBatches:
@@ -346,9 +528,9 @@ class RetrievalBatches:
                text_batches=None, haystack_texts: Optional[Sequence[str]] = None):
     spec.validate(windows=windows)
     self.passages = None
-    if "text" in spec.haystacks:
+    if "text" in spec.haystacks or "tally" in spec.doc_kinds:
       self.passages = text_units(haystack_texts or ())
-      if not self.passages:
+      if not self.passages and "text" in spec.haystacks:
         raise ValueError(f"retrieval: the 'text' haystack's task {spec.haystack_task!r} has no document of 8 or "
                          f"more sentences")
     self.spec, self.slots, self.windows, self.window, self.seed = spec, slots, windows, window, seed
@@ -357,6 +539,8 @@ class RetrievalBatches:
       raise ValueError("retrieval: text_slots > 0 needs the text task's slot batches")
     self.text = text_batches
     self.tokens = _Tokens(vocab)
+    self.words = tally_words(self.passages) if "tally" in spec.doc_kinds else ()
+    self.word_tokens = max((len(vocab.encode(" " + w + ",")) for w in self.words), default=0)
     from data_pipelines import vocab as vocab_lib
     self.bos = vocab_lib.special_ids(vocab)["bos"]
 
@@ -373,7 +557,7 @@ class RetrievalBatches:
     rows = {f: [] for f in ("inputs", "targets", "loss_mask", "accuracy_mask", "doc_ids")}
     for s in range(n_ret):
       for j in range(per_slot):
-        d = document(self.spec, self.tokens, doc_len, keys, rng, self.bos, shared, self.passages)
+        d = self.document(doc_len, keys, rng, shared)
         toks, m = d["tokens"], d["answer_mask"]
         rows["inputs"].append(toks[:-1].reshape(-1, t))
         rows["targets"].append(toks[1:].reshape(-1, t))
@@ -391,6 +575,17 @@ class RetrievalBatches:
       batch = {f: np.concatenate([batch[f], np.asarray(text[f]).astype(batch[f].dtype)]) for f in batch}
     batch["inputs"], batch["targets"] = batch["inputs"].astype(np.int32), batch["targets"].astype(np.int32)
     return batch
+
+  def document(self, length: int, keys: KeyPool, rng: np.random.Generator, shared) -> Dict:
+    """One document of a kind drawn from spec.doc_kinds (no draw for one kind: a lookup-only
+    spec's documents are those of the recipes measured before the other kinds existed)."""
+    kinds = self.spec.doc_kinds
+    kind = kinds[rng.integers(len(kinds))] if len(kinds) > 1 else kinds[0]
+    if kind == "chain":
+      return chain_document(self.spec, self.tokens, length, keys, rng, self.bos, self.passages)
+    if kind == "tally":
+      return tally_document(self.spec, self.tokens, length, rng, self.bos, self.words, self.word_tokens)
+    return document(self.spec, self.tokens, length, keys, rng, self.bos, shared, self.passages)
 
   # state, reports: the text slots' batcher (the retrieval slots are a pure function of the step)
   def state_dict(self) -> dict:

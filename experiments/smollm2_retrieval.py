@@ -56,6 +56,13 @@ asked facts hidden in three kinds of haystack: look-alike facts (a quarter of th
 consecutive sentences of real prose (half: the package READMEs `make install` leaves in the
 virtualenv, PROSE; no evaluation haystack is among them) and repeated filler (a quarter). 120 steps,
 491,520 tokens, 3,561 s on 2 cores. Measured in docs/retrieval.md ("The mixed recipe").
+
+Variant 'aggregate' (`--config=experiments/smollm2_retrieval.py:aggregate`): a second stage that
+starts from the mixed recipe's model (MIXED_CHECKPOINT; another with --config.train.init_from) and
+adds documents whose answer is gathered from several windows: 'chain' (a value passed from key to
+key, asked for every key that holds it) and 'tally' (a list, asked for its most frequent entries),
+beside the mixed recipe's lookups (a third of the near documents, half of the far ones), for the
+multi-hop and counting tasks the lookups never ask for (RULER's ruler_vt and ruler_cwe). 40 steps.
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
@@ -75,7 +82,10 @@ def _shape(windows: int, window: int):
           segments_spec([(j, j * (SLOTS - 1)) for j in range(windows)]))
 
 
-VARIANTS = ("base", "lookalike", "multikey", "mixed")
+VARIANTS = ("base", "lookalike", "multikey", "mixed", "aggregate")
+# aggregate: a second stage that starts from the mixed recipe's tuned model
+MIXED_CHECKPOINT = "runs/smollm2_mixed/fot"
+AGG_NEAR, AGG_FAR = 15, 25
 # Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
 # put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
 PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
@@ -88,8 +98,10 @@ def get_config(variant: str = "base"):
   """variant 'base' (issue 22's recipe: windows of 64, documents up to 8 of them), 'lookalike'
   (`--config=experiments/smollm2_retrieval.py:lookalike`: windows of 128, documents of 4 of them,
   hard negatives: look-alike facts in the document and, on half the far steps, in every other
-  slot; not better on multi-key) or 'multikey' (multi-key documents only, whole-answer metric, every
-  attention layer trains: the one that reads multi-key needles from memory; docs/retrieval.md)."""
+  slot; not better on multi-key), 'multikey' (multi-key documents only, whole-answer metric, every
+  attention layer trains: the one that reads multi-key needles from memory; docs/retrieval.md),
+  'mixed' (multikey's documents in three kinds of haystack, real prose among them) or 'aggregate'
+  (a second stage from the mixed recipe's model, with chain and tally documents)."""
   if variant not in VARIANTS:
     raise ValueError(f"smollm2_retrieval: variant must be one of {VARIANTS}, got {variant!r}")
   c = base_config()
@@ -118,13 +130,17 @@ def get_config(variant: str = "base"):
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), **mk),
         "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, **mk)})
-  elif variant == "mixed":
+  elif variant in ("mixed", "aggregate"):
     # multikey's look-alike facts, plus facts in real prose (consecutive sentences of package
     # READMEs) and in repeated filler: the same keys and questions, three kinds of haystack
     mixed = dict(near_keys=0.5, haystacks=("facts", "text", "text", "repeat"), haystack_task=PROSE, **text)
+    near_kinds = far_kinds = ("lookup",)
+    if variant == "aggregate":  # answers gathered from several windows: chains and tallies, lookups kept
+      near_kinds, far_kinds = ("lookup", "chain", "tally"), ("lookup", "lookup", "chain", "tally")
     c.data.retrieval = ml_collections.ConfigDict({
-        "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), **mixed),
-        "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, **mixed)})
+        "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
+        "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, doc_kinds=far_kinds,
+                    **mixed)})
   else:
     # Look-alikes: the local window (128 tokens, ~6 facts) and memory hold facts in the asked
     # fact's own template under other keys, half of them sharing a part of an asked key; on half
@@ -136,7 +152,8 @@ def get_config(variant: str = "base"):
         "mid": dict(doc_windows=4, facts=(2, 8), queries=(1, 3), **hard),
         "far": dict(doc_windows=windows, facts=(4, 16), queries=(1, 4), shared_shape=0.5,
                     haystacks=("repeat", "prose", "facts", "facts"), **hard)})
-  steps = NEAR + MID + FAR if variant not in ("multikey", "mixed") else MK_NEAR + MK_FAR
+  steps = {"multikey": MK_NEAR + MK_FAR, "mixed": MK_NEAR + MK_FAR, "aggregate": AGG_NEAR + AGG_FAR}.get(
+      variant, NEAR + MID + FAR)
   c.optim.lr, c.optim.warmup_steps, c.optim.schedule, c.optim.total_steps = 3e-4, 5, "constant", steps
   c.optim.weight_decay, c.optim.clip_norm = 0.01, 1.0
   c.train.steps, c.train.loss_on = steps, "all"
@@ -146,13 +163,16 @@ def get_config(variant: str = "base"):
        "threshold": 0.9, "window": 3, "max_steps": NEAR},
       {"name": "mid", "task": "mid", "spec": negatives, "steps": MID},
       {"name": "far", "task": "far", "spec": negatives, "steps": FAR}]})
-  if variant in ("multikey", "mixed"):
+  if variant in ("multikey", "mixed", "aggregate"):
     c.train.trainable = (ALL_ATTENTION,)
     c.optim.lr = 2e-4
+    near, far = (AGG_NEAR, AGG_FAR) if variant == "aggregate" else (MK_NEAR, MK_FAR)
     c.train.curriculum.phases = [
         {"name": "near", "task": "near", "spec": positives, "metric": "answer_accuracy",
-         "threshold": 0.8, "window": 3, "max_steps": MK_NEAR},
-        {"name": "far", "task": "far", "spec": negatives, "steps": MK_FAR}]
+         "threshold": 0.8, "window": 3, "max_steps": near},
+        {"name": "far", "task": "far", "spec": negatives, "steps": far}]
+  if variant == "aggregate":
+    c.train.init_from = MIXED_CHECKPOINT
   c.baseline.enabled = False
   # The run's own check (window = the training window): perplexity with 0 and 448 tokens of memory on
   # 4 held-out files. The issue's measurements (window 512) come from the evaluate CLI (docs/retrieval.md).

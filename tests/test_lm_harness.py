@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from fot_jax import chat, checkpoint
+from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import lm_harness
 from fot_jax.inference import end_aligned
 from fot_jax.model.config import get_size
@@ -242,6 +243,8 @@ def test_cli_runs_lm_eval_end_to_end(lm, ckpt, tmp_path, monkeypatch):
     ("window=8", "checkpoint: required"),
     ("checkpoint={ck},mem_layers=1:x", "mem_layers: expected 0-based layers separated by ':'"),
     ("checkpoint={ck},mode=approx", "mode: expected one of dense|topk"),
+    ("checkpoint={ck},rope_scaling=yarn", "rope_scaling: expected TYPE:FACTOR or TYPE:FACTOR:ORIGINAL_POSITIONS"),
+    ("checkpoint={ck},rope_scaling=warp:4", "rope_scaling: "),
 ])
 def test_bad_model_args_one_line(ckpt, tmp_path, capsys, args, message):
   _tasks(tmp_path)
@@ -264,3 +267,17 @@ def test_model_errors_name_the_argument(ckpt, tmp_path):
   assert lm_harness.settings({"checkpoint": ckpt, "mem_layers": "all"}).mem_layers == "all"
   assert lm_harness.with_tokenizer(f"pretrained={ckpt},window=8") == {"pretrained": ckpt, "window": 8,
                                                                       "tokenizer": chat.tokenizer_dir(ckpt)}
+
+
+def test_rope_scaling_and_attention_impl_reach_the_model(lm, ckpt):
+  """rope_scaling=yarn:4:8 and attention_impl=blockwise read text as from_pretrained with those
+  ModelConfig fields does (the YaRN row of a comparison), and not as the plain checkpoint."""
+  yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+  scaled = lm_harness.FotJaxLM(checkpoint=ckpt, window=W, rope_scaling="yarn:4:8", attention_impl="blockwise")
+  assert dict(scaled.model.cfg.rope_scaling) == yarn and scaled.model.cfg.attention_impl == "blockwise"
+  text = "x = 1"
+  ids = [scaled.bos] + scaled.tok_encode(text)
+  assert len(ids) <= W
+  (got,), (plain,) = (m.loglikelihood_rolling(_reqs("loglikelihood_rolling", [(text,)])) for m in (scaled, lm))
+  want = _logp(_plain(from_pretrained(ckpt, rope_scaling=yarn, attention_impl="blockwise"), ids), ids[1:])[0].sum()
+  assert got == pytest.approx(want, abs=1e-3) and abs(got - plain) > 1e-3

@@ -3,6 +3,7 @@ decoded text: facts stated before the questions that ask for them, scored tokens
 the asked values, keys never shared between two documents of a batch (a crossbatch negative must
 not contradict its positive), no evaluation template in any training document, natural-text slots
 scored on their last window only; and the curriculum tasks wired into an LM run."""
+import collections
 import re
 
 import numpy as np
@@ -94,6 +95,69 @@ def test_documents_state_facts_before_questions_with_distinct_keys(vocab, doc_wi
         in_memory += v in prefix
         asked_total += 1
   assert in_memory / asked_total >= 0.6, (in_memory, asked_total)  # memory_fraction 0.9, minus overflow
+
+
+CHAIN_KEY = r"(?:[a-z]+-[a-z]+|[A-Z][a-z]+ [A-Z]\. [A-Z][a-z]+|unit \d{4}|[0-9a-f]{8}|[A-Z]{5})"
+
+
+def _chain_regexes():
+  """Value statements (key, value) and alias statements (key, other) of the chain documents,
+  written from the templates independently of the generator."""
+  def rx(template, **groups):
+    pat = re.escape(template).replace(r"\{kind\}", KIND)
+    for name, g in groups.items():
+      pat = pat.replace(r"\{" + name + r"\}", f"(?P<{name}>{g})", 1).replace(r"\{" + name + r"\}", f"(?P={name})")
+    return re.compile(pat)
+  values = [rx(st, key=CHAIN_KEY, value=r"\d{5,7}") for st, _ in rd.TEMPLATES]
+  aliases = [rx(a, key=CHAIN_KEY, other=CHAIN_KEY) for a in rd.ALIAS_TEMPLATES]
+  return values, aliases
+
+
+@pytest.mark.parametrize("haystacks", [("repeat",), ("facts", "text")])
+def test_chain_documents_answer_every_key_of_the_asked_chain_in_order(vocab, haystacks):
+  """Following the chain in the decoded text (value statement, then 'key takes the kind of other'
+  statements) gives exactly the scored answer; keys are never shared between documents."""
+  values_rx, aliases_rx = _chain_regexes()
+  spec = rd.RetrievalSpec(doc_windows=4, haystacks=haystacks, haystack_task="prose", doc_kinds=("chain",))
+  batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=4, window=128, seed=1, haystack_texts=PROSE)
+  hops = []
+  for step in range(4):
+    owner = {}
+    for d, (ids, mask) in enumerate(_docs(batches(step), 4)):
+      text = vocab.decode(ids[1:].tolist())
+      body, question = text.rsplit("\n", 2)[0], vocab.decode(ids[mask].tolist())
+      value = re.search(r"\d{5,7}", text[len(body):]).group()  # the question names the value
+      holders = [m.group("key") for r in values_rx for m in r.finditer(body) if m.group("value") == value]
+      assert len(holders) == 1, (value, text)
+      chain, links = holders, [(m.group("key"), m.group("other"), m.start()) for r in aliases_rx for m in r.finditer(body)]
+      for key, other, _ in links:
+        assert owner.setdefault(key, d) == d, f"key {key!r} in two documents of a batch"
+      while any(o == chain[-1] for _, o, _ in links):
+        (nxt, at), = [(k, p) for k, o, p in links if o == chain[-1]]
+        assert body.index(chain[-1]) < at  # a key is defined before it is passed on
+        chain.append(nxt)
+      assert question == " " + ", ".join(chain), (question, chain, text)
+      hops.append(len(chain) - 1)
+  assert set(hops) >= {1, 2, 3}, hops
+
+
+def test_tally_documents_answer_the_most_frequent_entries_in_order(vocab):
+  """Counting the decoded list's entries gives the scored answer: the n most frequent, most first,
+  each strictly more frequent than the next and than every other entry."""
+  spec = rd.RetrievalSpec(doc_windows=4, doc_kinds=("tally",))
+  batches = rd.RetrievalBatches(spec, vocab, slots=2, windows=4, window=128, seed=2)
+  forms = set()
+  for step in range(6):
+    for ids, mask in _docs(batches(step), 4):
+      text = vocab.decode(ids[1:].tolist())
+      listed, question = text.rsplit("\n", 2)[0], text.rsplit("\n", 2)[1]
+      n = int(re.search(r"\d", question).group())
+      words = re.findall(r"(?:^|\s)(?:\d+\. |#\d+ |\(\d+\) |- )?([a-z]+)(?=;|\s|$)", listed.split(" The ")[0])
+      counts = sorted(collections.Counter(words).items(), key=lambda wc: -wc[1])
+      assert all(a[1] > b[1] for a, b in zip(counts[:n], counts[1:n + 1])), counts[:n + 1]
+      assert vocab.decode(ids[mask].tolist()) == " " + ", ".join(w for w, _ in counts[:n]), (text, counts[:n + 1])
+      forms.add(re.sub(r"[a-z]+", "w", listed.split()[0] + " " + listed.split()[1])[:4])
+  assert len(forms) >= 3, forms
 
 
 def test_text_haystack_is_consecutive_sentences_of_one_document():
@@ -198,7 +262,7 @@ def test_no_evaluation_template_in_training_documents():
   assert len(prose) > 20, "the recipe's README haystack is missing: run the tests from the checkout's root after make install"
   vocab = vocab_lib.get_vocabulary("byte")
   spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5,
-                          haystacks=rd.HAYSTACKS, haystack_task=smollm2_retrieval.PROSE)
+                          haystacks=rd.HAYSTACKS, haystack_task=smollm2_retrieval.PROSE, doc_kinds=rd.DOC_KINDS)
   batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0, haystack_texts=prose)
   text = "\n".join(vocab.decode(ids.tolist()) for step in range(16) for ids, _ in _docs(batches(step), 8))
   assert len(text) > 120_000  # 128 documents
@@ -255,6 +319,8 @@ def test_bad_specs_name_the_field():
     rd.RetrievalSpec(doc_windows=3).validate(windows=8)
   with pytest.raises(ValueError, match="haystacks"):
     rd.RetrievalSpec(haystacks=("essay",)).validate()
+  with pytest.raises(ValueError, match="doc_kinds: choose from"):
+    rd.RetrievalSpec(doc_kinds=("lookup", "count")).validate()
   with pytest.raises(ValueError, match="needs a text_task"):
     rd.RetrievalSpec(text_slots=0.25).validate()
   spec = rd.RetrievalSpec(doc_windows=2, facts=(8, 8), queries=(4, 4))
@@ -275,5 +341,10 @@ def test_experiment_config_validates_and_names_its_tasks():
   mixed = configs.resolve(smollm2_retrieval.get_config("mixed"), check_data=False).lm
   assert mixed.feeds["far"].haystack_task == smollm2_retrieval.PROSE and "text" in mixed.feeds["far"].haystacks
   assert any(view.endswith("text haystacks") and task == smollm2_retrieval.PROSE for view, _, task, _ in mixed.views)
+  assert mixed.feeds["far"].doc_kinds == ("lookup",)
+  aggregate = smollm2_retrieval.get_config("aggregate")  # a second stage from the mixed recipe's model
+  feeds = configs.resolve(aggregate, check_data=False).lm.feeds
+  assert aggregate.train.init_from == smollm2_retrieval.MIXED_CHECKPOINT
+  assert set(feeds["near"].doc_kinds) == set(feeds["far"].doc_kinds) == set(rd.DOC_KINDS)
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")

@@ -13,7 +13,8 @@ module registers it too, so `lm_eval.simple_evaluate(model="fot_jax", model_args
 
 Model arguments (`--model_args key=value,...`; docs/evaluation.md "lm-evaluation-harness"):
 checkpoint (or pretrained), tokenizer, window, mode, topk, mem_layers (layers separated by ':'),
-dtype, batch_size, max_gen_toks, last_context_length, seed. Every request is read window by window
+dtype, batch_size, max_gen_toks, last_context_length, seed, rope_scaling (TYPE:FACTOR[:ORIGINAL], e.g.
+yarn:4:8192), attention_impl. Every request is read window by window
 with memory (fot_jax.inference): generation through `MemoryInference.generate` (prompts aligned at
 their end), log-likelihoods from the same windows (`forward_window`), rolling log-likelihoods with
 windows from token 0, as `Pretrained.logits_with_memory`. Text is encoded with the checkpoint's
@@ -53,7 +54,8 @@ MODES = ("dense", "topk")  # of fot_jax.model.memory.MEMORY_MODES
 LAYER_SEPARATOR = ":"  # commas separate lm-eval's model_args
 IGNORED_ARGS = ("max_batch_size", "device", "trust_remote_code")  # lm-eval passes them to every model
 ARGS = ("checkpoint", "pretrained", "tokenizer", "window", "mode", "topk", "mem_layers", "dtype", "batch_size",
-        "max_gen_toks", "last_context_length", "seed") + IGNORED_ARGS
+        "max_gen_toks", "last_context_length", "seed", "rope_scaling", "attention_impl") + IGNORED_ARGS
+ATTENTION_IMPLS = ("dense", "blockwise", "fused")  # of ModelConfig.attention_impl
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,8 @@ class Settings:
   max_gen_toks: int = 256
   last_context_length: Optional[int] = None
   seed: int = 0
+  rope_scaling: Optional[dict] = None  # config.json's rope_scaling over the checkpoint's
+  attention_impl: Optional[str] = None
 
 
 def _fail(name: str, message: str):
@@ -114,6 +118,23 @@ def _mem_layers(value):
                         f"'none' or 'auto:N', got {value!r}")
 
 
+def _rope_scaling(value) -> Optional[dict]:
+  """'TYPE:FACTOR[:ORIGINAL]' (e.g. yarn:4:8192: YaRN x4 of a model trained on 8,192 positions) ->
+  config.json's rope_scaling dict; ModelConfig checks the type and its fields when the model loads."""
+  if value is None or value == "":
+    return None
+  parts = str(value).strip().split(":")
+  try:
+    if not 2 <= len(parts) <= 3 or not parts[0]:
+      raise ValueError
+    out = {"rope_type": parts[0].lower(), "factor": float(parts[1])}
+    if len(parts) == 3:
+      out["original_max_position_embeddings"] = int(parts[2])
+  except ValueError:
+    _fail("rope_scaling", f"expected TYPE:FACTOR or TYPE:FACTOR:ORIGINAL_POSITIONS (e.g. yarn:4:8192), got {value!r}")
+  return out
+
+
 def settings(args: dict) -> Settings:
   """model_args (a dict as lm-eval passes them) -> Settings; a bad one raises one ValueError line naming it."""
   unknown = sorted(set(args) - set(ARGS))
@@ -135,6 +156,9 @@ def settings(args: dict) -> Settings:
   dtype = args.get("dtype")
   if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
     _fail("dtype", f"expected float32, bfloat16 or float16, got {dtype!r}")
+  impl = args.get("attention_impl")
+  if impl is not None and impl not in ATTENTION_IMPLS:
+    _fail("attention_impl", f"expected one of {'|'.join(ATTENTION_IMPLS)}, got {impl!r}")
   tokenizer = args.get("tokenizer")
   if tokenizer is not None and not isinstance(tokenizer, str):
     _fail("tokenizer", f"expected a tokenizer directory, got {tokenizer!r}")
@@ -142,7 +166,8 @@ def settings(args: dict) -> Settings:
       checkpoint=checkpoint, tokenizer=tokenizer or None, window=_int(args, "window", None), mode=mode,
       topk=_int(args, "topk", 32), mem_layers=_mem_layers(args["mem_layers"]) if "mem_layers" in args else None,
       dtype=dtype, batch_size=_int(args, "batch_size", 1), max_gen_toks=_int(args, "max_gen_toks", 256, least=0),
-      last_context_length=_int(args, "last_context_length", None, least=0), seed=_int(args, "seed", 0, least=0))
+      last_context_length=_int(args, "last_context_length", None, least=0), seed=_int(args, "seed", 0, least=0),
+      rope_scaling=_rope_scaling(args.get("rope_scaling")), attention_impl=impl)
 
 
 def with_tokenizer(model_args) -> dict:
@@ -191,10 +216,14 @@ class FotJaxLM(LM):
       overrides["mem_layers"] = layers
     if s.dtype:
       overrides["dtype"] = s.dtype
+    if s.attention_impl:
+      overrides["attention_impl"] = s.attention_impl
+    if s.rope_scaling:
+      overrides["rope_scaling"] = s.rope_scaling
     try:
       self.model = from_pretrained(s.checkpoint, **overrides)
     except (ValueError, OSError) as e:
-      _fail("checkpoint", cli.one_line(e))
+      _fail("rope_scaling" if s.rope_scaling and "rope_scaling" in str(e) else "checkpoint", cli.one_line(e))
     self.window = s.window or self.model.window
     if not self.window:
       _fail("window", f"{s.checkpoint} records no window; pass window=N")
