@@ -7,7 +7,7 @@ read (after a first, compiling read of a short prompt), the next token it predic
 first digit when read right) and the host index's recall@k against exact search. Then the
 host/dense time ratios. Dense at 128K costs ~15-20 minutes on 2 CPU cores: --variants picks.
 
-  python -m benchmarks.host_memory --checkpoint runs/smollm2_retrieval/fot --lengths 16384,65536
+  python -m benchmarks.host_memory --checkpoint runs/smollm2_retrieval_base/fot --lengths 16384,65536
   python -m benchmarks.host_memory --checkpoint C --lengths 131072 --variants host_ivf
 """
 from __future__ import annotations

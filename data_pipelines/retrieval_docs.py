@@ -217,6 +217,9 @@ class RetrievalSpec:
   text_slots: float = 0.0  # share of the slots (rounded down) holding natural text
   text_scored_windows: int = 1
   doc_kinds: Tuple[str, ...] = ("lookup",)  # drawn per document (DOC_KINDS)
+  # share of the lookup documents framed as a chat in the vocabulary's own chat template: the
+  # haystack and the first question in the user's turn, each answer in an assistant's turn
+  chat: float = 0.0
 
   @classmethod
   def from_dict(cls, d: dict, where: str = "data.retrieval") -> "RetrievalSpec":
@@ -248,7 +251,7 @@ class RetrievalSpec:
     bad = sorted(set(self.doc_kinds) - set(DOC_KINDS))
     if bad or not self.doc_kinds:
       raise ValueError(f"{where}.doc_kinds: choose from {DOC_KINDS}, got {list(self.doc_kinds)}")
-    for name in ("near_keys", "shared_shape"):
+    for name in ("near_keys", "shared_shape", "chat"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"{where}.{name}: must be in [0, 1], got {getattr(self, name)}")
     if not 0.0 <= self.memory_fraction <= 1.0 or not 0.0 <= self.text_slots < 1.0:
@@ -284,6 +287,56 @@ def question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], r
   for key, value in asked:
     q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
     head, ans, end = tokens(q), tokens(" " + value), tokens(".\n")  # each question starts a line
+    ids += head + ans + end
+    mask += [False] * len(head) + [True] * len(ans) + [False] * len(end)
+  return ids, mask
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFrame:
+  """A chat template's framing as token ids: prefix (the system prompt and the user's turn opening,
+  bos dropped: a document begins with it), reply (the user's turn closing and the assistant's
+  opening), next (the assistant's turn closing and the user's opening)."""
+  prefix: Tuple[int, ...]
+  reply: Tuple[int, ...]
+  next: Tuple[int, ...]
+
+
+def chat_frame(vocab, bos: int) -> ChatFrame:
+  """The framing of `vocab`'s chat template (a tokenizer.json whose directory ships one), read off
+  a rendered user / assistant / user conversation of marker texts."""
+  from fot_jax import chat
+  directory = chat.tokenizer_dir(getattr(vocab, "path", ""))
+  if directory is None:
+    raise ValueError("retrieval: chat > 0 needs a tokenizer.json vocabulary with a chat template "
+                     f"(data.vocab), got {type(vocab).__name__}")
+  marks = ("\x01U", "\x01A", "\x01V")
+  text = chat.chat_prompt(directory, [{"role": r, "content": m} for r, m in zip(("user", "assistant", "user"), marks)])
+  prefix, rest = text.split(marks[0])
+  reply, rest = rest.split(marks[1])
+  nxt, reply2 = rest.split(marks[2])
+  if reply != reply2:
+    raise ValueError(f"retrieval: {directory}'s chat template opens the assistant's turn in two ways "
+                     f"({reply!r}, {reply2!r}); chat framing needs one")
+  ids = [int(i) for i in vocab.encode(prefix)]
+  return ChatFrame(tuple(ids[1:] if ids[:1] == [bos] else ids), tuple(int(i) for i in vocab.encode(reply)),
+                   tuple(int(i) for i in vocab.encode(nxt)))
+
+
+def chat_question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], rng: np.random.Generator,
+                        frame: ChatFrame):
+  """question_block framed as a chat: the first question ends the user's turn that holds the
+  haystack, each later one opens a user turn of its own; a question form's part up to its '?' is
+  the user's, the rest leads the assistant's answer (a form without '?' is the user's whole and
+  the answer is the bare value) -> (ids, mask of the value tokens)."""
+  ids, mask = [], []
+  for n, (key, value) in enumerate(asked):
+    q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
+    cut = q.find("?") + 1
+    ask, lead = (q[:cut], q[cut:].strip()) if cut else (q, "")
+    head = (tokens("\n" + ask) if n == 0 else list(frame.next) + tokens(ask)) + list(frame.reply)
+    head += tokens(lead) if lead else []
+    ans, end = tokens(" " + value if lead else value), tokens(".")
     ids += head + ans + end
     mask += [False] * len(head) + [True] * len(ans) + [False] * len(end)
   return ids, mask
@@ -334,10 +387,11 @@ def _interleave(pieces: List[List[int]], statements: List[List[int]], inserts: D
 
 def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, rng: np.random.Generator,
              bos: int, shape: Optional[Tuple[int, str, str, str]] = None,
-             passages: Optional[List[List[str]]] = None) -> Dict:
+             passages: Optional[List[List[str]]] = None, frame: Optional[ChatFrame] = None) -> Dict:
   """One document of exactly `length` tokens (bos first): haystack with facts, then the questions.
   shape: (template index, kind, key kind, haystack), drawn when not given (`draw_shape`).
-  passages: the units of the 'text' haystack's documents (`text_units`).
+  passages: the units of the 'text' haystack's documents (`text_units`). frame: a chat framing
+  (`chat_frame`): its prefix first, the questions and answers as chat turns (`chat_question_block`).
   Returns tokens, answer_mask (the value tokens of the answers) and the facts for tests."""
   template_i, kind, key_kind, haystack = draw_shape(spec, rng) if shape is None else shape
   statement, questions = TEMPLATES[template_i]
@@ -348,9 +402,13 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
   fact_ids = [tokens(" " + statement.format(key=k, kind=kind, value=v)) for k, v in facts]
   # Fit: drop unasked facts, then questions (and their facts), until facts + questions fit with
   # room for some filler; a document that cannot hold one fact and its question is a config error.
+  prefix = list(frame.prefix) if frame is not None else []
   while True:
-    q_ids, q_mask = question_block(tokens, questions, kind, [facts[i] for i in asked], rng)
-    budget = length - 1 - len(q_ids)
+    if frame is None:
+      q_ids, q_mask = question_block(tokens, questions, kind, [facts[i] for i in asked], rng)
+    else:
+      q_ids, q_mask = chat_question_block(tokens, questions, kind, [facts[i] for i in asked], rng, frame)
+    budget = length - 1 - len(prefix) - len(q_ids)
     if budget >= sum(len(fact_ids[i]) for i in range(n_facts)) + 8:
       break
     unasked = [i for i in range(n_facts) if i not in asked]
@@ -376,7 +434,8 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
 
   pieces = haystack_pieces(haystack, filler_budget, tokens, rng, passages, other_fact)
   bounds = np.cumsum([0] + [len(p) for p in pieces])  # token offset of every sentence boundary
-  q_window_start = (length - len(q_ids)) // window * window - 1  # haystack offset of the question's window
+  # haystack offset of the question's window
+  q_window_start = (length - len(q_ids)) // window * window - 1 - len(prefix)
   inserts = collections.defaultdict(list)
   for i in rng.permutation(n_facts):
     memory = i in asked and rng.random() < spec.memory_fraction
@@ -384,11 +443,11 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
     last = q_window_start - len(fact_ids[i]) if memory else filler_budget
     at = int(rng.integers(0, max(1, last) + 1))
     inserts[int(np.searchsorted(bounds, at, side="right") - 1)].append(i)
-  out = _interleave(pieces, fact_ids, inserts)
+  out = prefix + _interleave(pieces, fact_ids, inserts)
   ids = [bos] + out + q_ids
   mask = [False] * (1 + len(out)) + q_mask
   return {"tokens": np.asarray(ids, np.int32), "answer_mask": np.asarray(mask, bool), "facts": facts,
-          "asked": [facts[i] for i in asked], "template": template_i, "haystack": haystack}
+          "asked": [facts[i] for i in asked], "template": template_i, "haystack": haystack, "chat": frame is not None}
 
 
 def _fit_error(what: str, length: int):
@@ -540,9 +599,12 @@ class RetrievalBatches:
     self.text = text_batches
     self.tokens = _Tokens(vocab)
     self.words = tally_words(self.passages) if "tally" in spec.doc_kinds else ()
+    self.frame = None
     self.word_tokens = max((len(vocab.encode(" " + w + ",")) for w in self.words), default=0)
     from data_pipelines import vocab as vocab_lib
     self.bos = vocab_lib.special_ids(vocab)["bos"]
+    if spec.chat:
+      self.frame = chat_frame(vocab, self.bos)
 
   def __call__(self, step: int) -> Dict[str, np.ndarray]:
     k, t = self.windows, self.window
@@ -585,7 +647,8 @@ class RetrievalBatches:
       return chain_document(self.spec, self.tokens, length, keys, rng, self.bos, self.passages)
     if kind == "tally":
       return tally_document(self.spec, self.tokens, length, rng, self.bos, self.words, self.word_tokens)
-    return document(self.spec, self.tokens, length, keys, rng, self.bos, shared, self.passages)
+    frame = self.frame if self.spec.chat and rng.random() < self.spec.chat else None  # no draw without chat
+    return document(self.spec, self.tokens, length, keys, rng, self.bos, shared, self.passages, frame)
 
   # state, reports: the text slots' batcher (the retrieval slots are a pure function of the step)
   def state_dict(self) -> dict:

@@ -1,10 +1,12 @@
 """FoT tuning of SmolLM2-135M for retrieval from memory far past its window (issue 22).
 
   make smollm2   # once: checkpoints/smollm2-135m (docs/real_models.md)
-  nice -n 10 python -m fot_jax.main --config=experiments/smollm2_retrieval.py --workdir=runs/smollm2_retrieval
+  nice -n 10 python -m fot_jax.main --config=experiments/smollm2_retrieval.py --workdir=runs/smollm2_retrieval_base
 
-leaves the tuned model in runs/smollm2_retrieval/fot (fot_jax.from_pretrained, the evaluate CLI and
-export_hf read it); docs/retrieval.md has the evaluation commands and the measured results.
+leaves the base recipe's model in runs/smollm2_retrieval_base/fot (fot_jax.from_pretrained, the
+evaluate CLI and export_hf read it; `make smollm2-retrieval-base`). The best recipe measured is two
+variants in turn, 'mixed' then 'aggregate' (`make smollm2-retrieval` -> runs/smollm2_retrieval/fot).
+docs/retrieval.md has the evaluation commands and the measured results.
 
 Memory layers 6, 17, 18, 20 (0-based, of 30): the layers of SmolLM2's best copy heads found by the
 retrieval-head probe (`python -m fot_jax.evaluate --suite=heads`, docs/evaluation.md), not
@@ -86,6 +88,7 @@ VARIANTS = ("base", "lookalike", "multikey", "mixed", "aggregate")
 # aggregate: a second stage that starts from the mixed recipe's tuned model
 MIXED_CHECKPOINT = "runs/smollm2_mixed/fot"
 AGG_NEAR, AGG_FAR = 15, 25
+AGG_CHAT = 0.25  # share of the aggregate stage's lookups framed as a chat (lm-eval's --apply_chat_template)
 # Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
 # put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
 PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
@@ -135,8 +138,10 @@ def get_config(variant: str = "base"):
     # READMEs) and in repeated filler: the same keys and questions, three kinds of haystack
     mixed = dict(near_keys=0.5, haystacks=("facts", "text", "text", "repeat"), haystack_task=PROSE, **text)
     near_kinds = far_kinds = ("lookup",)
-    if variant == "aggregate":  # answers gathered from several windows: chains and tallies, lookups kept
+    if variant == "aggregate":  # answers gathered from several windows: chains and tallies, lookups kept,
+      # a quarter of them asked and answered in SmolLM2's chat template
       near_kinds, far_kinds = ("lookup", "chain", "tally"), ("lookup", "lookup", "chain", "tally")
+      mixed["chat"] = AGG_CHAT
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
         "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, doc_kinds=far_kinds,

@@ -160,6 +160,45 @@ def test_tally_documents_answer_the_most_frequent_entries_in_order(vocab):
   assert len(forms) >= 3, forms
 
 
+def test_chat_framed_documents_ask_and_answer_in_the_vocabularys_chat_template(tmp_path):
+  """With chat=0.5 about half the lookup documents are a chat in the tokenizer's own template: the
+  template's system and user opening first, each answer (a stated value) right after the assistant's
+  opening (and the question form's lead); a vocabulary without a template is refused by name."""
+  import json
+  from tests.test_lm_harness import _tokenizer_dir
+  vocab = vocab_lib.get_vocabulary(f"{_tokenizer_dir(str(tmp_path / 'tok'))}/tokenizer.json")
+  spec = rd.RetrievalSpec(doc_windows=4, facts=(2, 4), queries=(1, 3), haystacks=("repeat",), chat=0.5)
+  batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=4, window=256, seed=0)
+  framed = total = 0
+  for step in range(8):
+    for ids, mask in _docs(batches(step), 4):
+      total += 1
+      text = vocab._decode(ids.tolist())  # seqio's decode stops at eos, which closes every chat turn
+      values = [vocab._decode(ids[a:b].tolist()).strip() for a, b in _runs(mask)]
+      stated = {v for _, v, _ in facts_in(text)}
+      assert values and set(values) <= stated, (values, text)
+      if text.startswith("<|im_start|>user\n"):  # the template has no system turn
+        framed += 1
+        turns = re.findall(r"<\|im_start\|>assistant\n([^<]*?)(\d{5,7})\.", text)
+        assert [v for _, v in turns] == values, (turns, values, text)
+        assert text.count("<|im_start|>user\n") == len(values)
+      else:  # bos is <|im_start|> in this tokenizer (as in SmolLM2's): only the first one
+        assert text.count("<|im_start|>") == 1 and "<|im_end|>" not in text, text
+  assert total == 32 and 0.3 < framed / total < 0.7, framed
+  plain = str(tmp_path / "plain")
+  _tokenizer_dir(plain, template=None)
+  with pytest.raises(ValueError, match="no chat template"):
+    rd.RetrievalBatches(spec, vocab_lib.get_vocabulary(f"{plain}/tokenizer.json"), slots=1, windows=4, window=256, seed=0)
+  with pytest.raises(ValueError, match="chat > 0 needs a tokenizer.json vocabulary"):
+    rd.RetrievalBatches(spec, vocab_lib.get_vocabulary("byte"), slots=1, windows=4, window=256, seed=0)
+
+
+def _runs(mask):
+  """(start, end) of each run of True in a 1-d mask."""
+  edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
+  return list(zip(edges[::2], edges[1::2]))
+
+
 def test_text_haystack_is_consecutive_sentences_of_one_document():
   units = rd.text_units(PROSE)
   assert len(units) == 6 and all(len(u) == 12 for u in units)  # the two-sentence document is dropped
@@ -346,5 +385,6 @@ def test_experiment_config_validates_and_names_its_tasks():
   feeds = configs.resolve(aggregate, check_data=False).lm.feeds
   assert aggregate.train.init_from == smollm2_retrieval.MIXED_CHECKPOINT
   assert set(feeds["near"].doc_kinds) == set(feeds["far"].doc_kinds) == set(rd.DOC_KINDS)
+  assert feeds["far"].chat == smollm2_retrieval.AGG_CHAT > 0 and mixed.feeds["far"].chat == 0
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")
