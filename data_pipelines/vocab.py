@@ -117,7 +117,9 @@ class HFVocab(seqio.Vocabulary):
   """A Hugging Face `tokenizer.json` (the `tokenizers` library) as a seqio vocabulary.
 
   encode adds no special tokens (the pipeline and the prompts add bos/eos themselves);
-  decode keeps them, as transformers' `decode` does. bos/eos/pad/unk are the tokens named in
+  decode keeps them, as transformers' `decode` does, but (seqio's Vocabulary.decode) ends the text
+  at the first eos; `_decode` (or `.tokenizer.decode(ids, skip_special_tokens=False)`) gives all of
+  it, e.g. a chat whose turns end in eos. bos/eos/pad/unk are the tokens named in
   `tokenizer_config.json` beside the file (Hugging Face's own record of them); without that
   file, '<s>'/'</s>' or '<|endoftext|>' when the vocabulary has them. pad defaults to eos.
   """

@@ -460,6 +460,10 @@ def check_init_from(path: str) -> None:
   fot_jax_model.json and parameters), so a wrong path fails before any data is read or step
   compiled; the parameters themselves are checked when they are loaded."""
   if not os.path.exists(path):
+    if os.path.basename(os.path.normpath(path)) == "fot":  # a training arm's workdir: an earlier stage
+      raise ValueError(f"train.init_from: no checkpoint at {path!r}: this run starts from another training "
+                       f"run's model; train that run first (its --workdir is {os.path.dirname(os.path.normpath(path))!r}; "
+                       f"the experiment file's docstring names it) or point train.init_from elsewhere")
     raise ValueError(f"train.init_from: no checkpoint at {path!r} ({INIT_FROM_HINT})")
   if not os.path.isdir(path):
     raise ValueError(f"train.init_from: {path!r} is a file, not an fot_jax checkpoint directory ({INIT_FROM_HINT})")

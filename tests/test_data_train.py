@@ -113,6 +113,7 @@ def test_lm_job_writes_perplexity_results_and_plot(tmp_path):
     ("data.windows_per_slot", 3, "windows_per_slot=3"),
     ("data.vocab", "/no/such.model", "data.vocab"),
     ("train.init_from", "/no/such/ckpt", "train.init_from: no checkpoint at '/no/such/ckpt'"),
+    ("train.init_from", "runs/no_such_stage/fot", "another training run's model; train that run first .*'runs/no_such_stage'"),
     ("train.trainable", ("memory_attention", "nope/.*"), r"train.trainable: 'nope/.\*' matches no parameter"),
     ("data.repeats.mixed.fraction", 0.0, r"data.repeats.mixed: .*fraction in \(0, 1\]"),
     ("data.repeats.repeat.task", "nope", "unknown task or mixture 'nope'"),
