@@ -51,7 +51,7 @@ checkpoints/smollm2-135m/fot_jax_model.json: $(SMOLLM2_GGUF) | $(STAMP)
 
 # make smollm2-retrieval: FoT tuning of SmolLM2-135M for retrieval from memory, the best recipe measured
 # (experiments/smollm2_retrieval.py: 'mixed' into runs/smollm2_mixed, ~60 minutes on 2 cores, then its
-# second stage 'aggregate', ~23 minutes) -> runs/smollm2_retrieval/fot (docs/retrieval.md).
+# second stage 'aggregate', ~25 minutes) -> runs/smollm2_retrieval/fot (docs/retrieval.md).
 # make smollm2-retrieval-base: issue 22's first recipe (~21 minutes) -> runs/smollm2_retrieval_base/fot.
 .PHONY: smollm2-retrieval smollm2-retrieval-base
 smollm2-retrieval: checkpoints/smollm2-135m/fot_jax_model.json
