@@ -280,15 +280,20 @@ class _Tokens:
     return ids
 
 
+def _answered(head: List[int], answer: List[int], end: List[int]) -> Tuple[List[int], List[bool]]:
+  """(head + answer + end, mask of the answer's tokens): a question and its scored answer."""
+  return head + answer + end, [False] * len(head) + [True] * len(answer) + [False] * len(end)
+
+
 def question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], rng: np.random.Generator):
   """'\n' + question + ' ' + value + '.' per asked fact -> (ids, mask of the value tokens)."""
   ids = list(tokens("\n"))  # a copy: the cache must not grow with it
   mask = [False] * len(ids)
   for key, value in asked:
     q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
-    head, ans, end = tokens(q), tokens(" " + value), tokens(".\n")  # each question starts a line
-    ids += head + ans + end
-    mask += [False] * len(head) + [True] * len(ans) + [False] * len(end)
+    q_ids, q_mask = _answered(tokens(q), tokens(" " + value), tokens(".\n"))  # each question starts a line
+    ids += q_ids
+    mask += q_mask
   return ids, mask
 
 
@@ -336,9 +341,9 @@ def chat_question_block(tokens, questions, kind: str, asked: List[Tuple[str, str
     ask, lead = (q[:cut], q[cut:].strip()) if cut else (q, "")
     head = (tokens("\n" + ask) if n == 0 else list(frame.next) + tokens(ask)) + list(frame.reply)
     head += tokens(lead) if lead else []
-    ans, end = tokens(" " + value if lead else value), tokens(".")
-    ids += head + ans + end
-    mask += [False] * len(head) + [True] * len(ans) + [False] * len(end)
+    q_ids, q_mask = _answered(head, tokens(" " + value if lead else value), tokens("."))
+    ids += q_ids
+    mask += q_mask
   return ids, mask
 
 
@@ -484,8 +489,8 @@ def chain_document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyP
   question = CHAIN_QUESTIONS[rng.integers(len(CHAIN_QUESTIONS))]
   while True:  # fit: drop other chains, then the asked chain's last hops
     value, ks = chains[0]
-    head, ans, end = tokens("\n" + question.format(kind=kind, value=value)), tokens(" " + ", ".join(ks)), tokens(".\n")
-    q_ids, q_mask = head + ans + end, [False] * len(head) + [True] * len(ans) + [False] * len(end)
+    q_ids, q_mask = _answered(tokens("\n" + question.format(kind=kind, value=value)), tokens(" " + ", ".join(ks)),
+                              tokens(".\n"))
     stmts = [chain_ids(v, c) for v, c in chains]
     budget = length - 1 - len(q_ids) - sum(len(x) for c in stmts for x in c)
     if budget >= 8:
@@ -505,9 +510,9 @@ def chain_document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyP
   for c, chain in enumerate(stmts):
     size = sum(len(x) for x in chain)
     last = q_window_start - size if c == 0 and rng.random() < spec.memory_fraction else budget
-    for at in np.sort(rng.integers(0, max(1, last) + 1, len(chain))):
+    for at, statement_ids in zip(np.sort(rng.integers(0, max(1, last) + 1, len(chain))), chain):
       inserts[int(np.searchsorted(bounds, at, side="right") - 1)].append(len(flat))
-      flat.append(chain[len(flat) - sum(len(x) for x in stmts[:c])])
+      flat.append(statement_ids)
   out = _interleave(pieces, flat, inserts)
   ids, mask = [bos] + out + q_ids, [False] * (1 + len(out)) + q_mask
   return {"tokens": np.asarray(ids, np.int32), "answer_mask": np.asarray(mask, bool), "chains": chains,
@@ -568,8 +573,7 @@ def tally_document(spec: RetrievalSpec, tokens: _Tokens, length: int, rng: np.ra
   else:
     raise _fit_error(f"a tally list with {n} distinct top counts", length)
   answer = top[:n]
-  head, ans, end = tokens("\n" + question.format(n=n)), tokens(" " + ", ".join(answer)), tokens(".\n")
-  q_ids, q_mask = head + ans + end, [False] * len(head) + [True] * len(ans) + [False] * len(end)
+  q_ids, q_mask = _answered(tokens("\n" + question.format(n=n)), tokens(" " + ", ".join(answer)), tokens(".\n"))
   listed = [t for _, ids in entries for t in ids]
   filler = haystack_pieces("repeat", length - 1 - len(listed) - len(q_ids), tokens, rng)
   out = listed + [t for p in filler for t in p]

@@ -46,6 +46,7 @@ from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import heads
 from fot_jax.evaluate import _layers as parse_layers
 from fot_jax.inference import MemoryInference, end_aligned, forward_window, start_aligned
+from fot_jax.model.config import ATTENTION_IMPLS
 
 PROG = "fot_jax.eval.lm_harness"
 MODEL_NAME = "fot_jax"
@@ -55,7 +56,6 @@ LAYER_SEPARATOR = ":"  # commas separate lm-eval's model_args
 IGNORED_ARGS = ("max_batch_size", "device", "trust_remote_code")  # lm-eval passes them to every model
 ARGS = ("checkpoint", "pretrained", "tokenizer", "window", "mode", "topk", "mem_layers", "dtype", "batch_size",
         "max_gen_toks", "last_context_length", "seed", "rope_scaling", "attention_impl") + IGNORED_ARGS
-ATTENTION_IMPLS = ("dense", "blockwise", "fused")  # of ModelConfig.attention_impl
 
 log = logging.getLogger(__name__)
 
