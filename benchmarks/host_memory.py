@@ -4,7 +4,8 @@ from a host index (fot_jax/host_memory.py), side by side on the same prompt.
 A passkey prompt (fot_jax/eval/passkey.py's wording, key at mid depth) of each length is read
 window by window with memory, logits kept for its last token only; per variant the wall time of one
 read (after a first, compiling read of a short prompt), the next token it predicts (the passkey's
-first digit when read right) and the host index's recall@k against exact search. Then the
+first digit when read right) and the host index's recall@k against exact search (on a sample of
+every window's queries, and on every query of the last position, the one that reads the key). Then the
 host/dense time ratios. Dense at 128K costs ~15-20 minutes on 2 CPU cores: --variants picks.
 
   python -m benchmarks.host_memory --checkpoint runs/smollm2_retrieval_base/fot --lengths 16384,65536
@@ -57,7 +58,7 @@ def read(inf, tokens: np.ndarray) -> dict:
   logits = inf.process(placed, memory, mask, logits_from=placed.shape[1] - 1)
   seconds = time.perf_counter() - t0
   return {"seconds": seconds, "next_token": int(np.argmax(logits[0, -1])),
-          "recall": getattr(memory, "recall", None)}
+          "recall": getattr(memory, "recall", None), "scored_recall": getattr(memory, "scored_recall", None)}
 
 
 def main(argv=None):
@@ -81,7 +82,8 @@ def main(argv=None):
       read(inf, warm)  # compiles every window shape but the last's
       r = dict(length=int(len(tokens)), variant=variant, answer=answer, **read(inf, tokens))
       rows.append(r)
-      recall = "" if r["recall"] is None else f", recall@{a.topk} {r['recall']:.3f}"
+      recall = "" if r["recall"] is None else (f", recall@{a.topk} {r['recall']:.3f} (sampled), "
+                                               f"{r['scored_recall']:.3f} (the last position's queries)")
       print(f"{r['length']:7,} tokens  {variant:9s} {r['seconds']:8.1f} s{recall}", flush=True)
   ratios = []
   for r in rows:

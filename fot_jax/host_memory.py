@@ -108,6 +108,11 @@ class HostMemory:
     self.stores = [{layer: _LayerStore(cfg.kv_heads, cfg.dim_per_head, kind, nprobe, ivf_from)
                     for layer in cfg.mem_layers} for _ in range(batch)]
     self.hits = self.total = 0
+    # recall over every query at the scored positions (a passkey's answer), not a sample: the
+    # sampled recall is mostly filler queries, whose top-k are many near-equal copies that any
+    # list holds, while an answer's query looks for a few rare keys (the key's digits)
+    self.scored: Optional[Tuple[int, int]] = None  # [from, to) of the window: set by the inference
+    self.scored_hits = self.scored_total = 0
     self.rng = np.random.default_rng(0)
 
   @property
@@ -119,6 +124,12 @@ class HostMemory:
     """recall@k of the retrieval against exact search, over the sampled queries so far (None: no
     approximate search ran)."""
     return self.hits / self.total if self.total else None
+
+  @property
+  def scored_recall(self) -> Optional[float]:
+    """recall@k against exact search over every query of the scored positions (None: none read
+    through an approximate index)."""
+    return self.scored_hits / self.scored_total if self.scored_total else None
 
   def add(self, mem_kv: Dict[int, tuple], token_mask) -> None:
     """One window's keys and values {layer: (k [B, T, KV, D], v)}; masked tokens stay out."""
@@ -147,6 +158,11 @@ class HostMemory:
       ids = store.search(qr, k)  # [KV, G*T, k]
       if store.kind == "ivf" and store.trained_at:
         self._count_recall(store, qr, ids, k)
+        if self.scored is not None and self.scored[0] < min(self.scored[1], t):
+          cols = (np.arange(g)[:, None] * t + np.arange(self.scored[0], min(self.scored[1], t))[None]).ravel()
+          for h in range(kv):
+            hits, total = recall_hits(qr[h, cols] @ store.keys[:store.size, h].T, ids[h, cols], k)
+            self.scored_hits, self.scored_total = self.scored_hits + hits, self.scored_total + total
       ok = ids >= 0
       safe = np.where(ok, ids, 0)
       heads = np.arange(kv)[:, None, None]
@@ -213,11 +229,17 @@ class HostMemoryInference:
     self.cfg, self.params, self.window, self.topk = cfg, params, window, topk
     self.kind, self.nprobe, self.ivf_from = kind, nprobe, ivf_from
     self.hits = self.total = 0  # recall counts over every prompt read
+    self.scored_hits = self.scored_total = 0  # the same at the scored positions (HostMemory.scored_recall)
 
   @property
   def recall(self) -> Optional[float]:
     """recall@k against exact search over every prompt read so far (None: no approximate search)."""
     return self.hits / self.total if self.total else None
+
+  @property
+  def scored_recall(self) -> Optional[float]:
+    """recall@k over every query at the positions whose logits were kept (an answer's), every prompt."""
+    return self.scored_hits / self.scored_total if self.scored_total else None
 
   def new_memory(self, batch: int, capacity: int = 0) -> HostMemory:
     del capacity  # the host stores grow by themselves
@@ -253,13 +275,17 @@ class HostMemoryInference:
     if b != memory.batch:
       raise ValueError(f"host memory: {b} rows but the memory was made for {memory.batch}")
     token_mask = np.ones((b, length), bool) if token_mask is None else np.asarray(token_mask, bool)
-    outs, hits, total = [], memory.hits, memory.total
+    outs, before = [], (memory.hits, memory.total, memory.scored_hits, memory.scored_total)
     for start, n, tok, msk in windows_of(self.cfg, self.window, tokens, token_mask):
       keep = want_logits and start + self.window > logits_from
+      memory.scored = (max(0, logits_from - start), n) if keep else None  # the positions with logits
       logits = self._window(tok, msk, memory, keep)
       if keep:
         outs.append(np.asarray(logits[:, :n]))
-    self.hits, self.total = self.hits + memory.hits - hits, self.total + memory.total - total
+    memory.scored = None
+    self.hits, self.total = self.hits + memory.hits - before[0], self.total + memory.total - before[1]
+    self.scored_hits += memory.scored_hits - before[2]
+    self.scored_total += memory.scored_total - before[3]
     return np.concatenate(outs, axis=1) if outs else None
 
   def generate(self, *args, **kwargs):

@@ -63,6 +63,36 @@ def test_ivf_host_memory_measures_its_recall():
   coarse.process(tokens, mem, mask)
   assert mem.recall is not None and 0.0 < mem.recall < 1.0  # one list of 4 searched: some top-k missed
   assert coarse.recall == mem.recall and full.recall == 1.0  # the inference's count over its prompts
+  # every window kept (logits_from 0): the scored recall counts every query of every searched window,
+  # as the sampled recall does when its sample is every query (whole windows: no padded last one)
+  assert full.scored_recall == 1.0
+  mem = coarse.new_memory(2)
+  mem.recall_queries = 10 ** 6
+  coarse.process(tokens[:, 7:], mem, mask[:, 7:])
+  assert (mem.scored_hits, mem.scored_total) == (mem.hits, mem.total) and mem.scored_total > 0
+  # logits kept from the last window on: only its positions count
+  mem = coarse.new_memory(2)
+  coarse.process(tokens, mem, mask, logits_from=tokens.shape[1] - 3)
+  assert mem.scored_total == 2 * 4 * cfg.num_heads * 3  # rows x k x query heads x 3 positions (one memory layer)
+
+
+def test_the_scored_recall_counts_the_queries_of_the_scored_positions():
+  """Queries of positions [s, e) of a window count as the same queries searched alone do."""
+  from fot_jax.host_memory import HostMemory
+  cfg, _ = _model((1,))
+  rng = np.random.default_rng(3)
+  kv, d, g = cfg.kv_heads, cfg.dim_per_head, cfg.num_heads // cfg.kv_heads
+  keys = rng.normal(size=(1, 300, kv, d)).astype(np.float32)
+  queries = rng.normal(size=(1, WINDOW, kv, g, d)).astype(np.float32)
+  counts = []
+  for q, scored in ((queries, (11, 14)), (queries[:, 11:14], (0, 3)), (queries[:, 11:], (0, 3))):
+    mem = HostMemory(cfg, 1, "ivf", nprobe=1, ivf_from=64)
+    mem.add({1: (keys, keys)}, np.ones((1, 300), bool))
+    mem.scored = scored
+    mem.gather(1, q, 4)
+    counts.append((mem.scored_hits, mem.scored_total))
+  assert counts[0] == counts[1] == counts[2] and counts[0][1] == 4 * kv * g * 3
+  assert counts[0][0] < counts[0][1]  # one list searched: the count can tell a miss
 
 
 def test_bad_host_memory_settings_are_refused():

@@ -163,8 +163,10 @@ def _grid(ctx: Context, suite: str, make_prompt) -> Dict:
   out = retrieval.grid(retrieval.InferenceModel(inference), ctx.vocab, make_prompt, list(g.lengths),
                        retrieval.depth_list(g.depths), g.trials, s.seed, s.batch, g.threshold, ctx.name, suite,
                        ctx.records(suite))
-  if getattr(inference, "recall", None) is not None:  # host memory's IVF index against exact search
-    out["recall"] = inference.recall
+  if getattr(inference, "recall", None) is not None:  # an approximate top-k against exact search
+    out["recall"] = inference.recall  # a sample of every window's queries
+  if getattr(inference, "scored_recall", None) is not None:  # host memory: every query at the answers' positions
+    out["scored_recall"] = inference.scored_recall
   return out
 
 
