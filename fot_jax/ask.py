@@ -1,6 +1,6 @@
 """Ask a long document a question: LongLLaMA's "ask a PDF" demo, on a CPU.
 
-  python -m fot_jax.ask --checkpoint CKPT --document FILE [--window W] [--mode dense|topk]
+  python -m fot_jax.ask --checkpoint CKPT --document FILE [--window W] [--mode dense|topk|host]
       [--topk K] [--max_new_tokens N] [--no_chat] [--mem_layers 8,16,24|all|none] [--verbose] "question"
 
 The document (a UTF-8 text file) and the question make one prompt. With the checkpoint's chat
@@ -39,6 +39,7 @@ from fot_jax.eval.retrieval import encode  # noqa: E402
 from fot_jax.inference import end_aligned  # noqa: E402
 
 PROG = "fot_jax.ask"
+MODES = ("dense", "topk", "host")  # Pretrained.generate's memory modes (host: fot_jax.host_memory)
 PLAIN_TAIL = "\n\nQuestion: {question}\nAnswer:"
 CHAT_JOIN = "\n\n"  # between the document and the question in the user turn
 _MARK = "fot_jax-ask-answer"  # an assistant message whose end shows the template's end-of-turn token
@@ -166,9 +167,9 @@ def answer(model_or_path: Union[str, Pretrained], document: str, question: str, 
     raise ValueError("the question is empty")
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-  if mode not in ("dense", "topk"):
-    raise ValueError(f"mode must be 'dense' or 'topk', got {mode!r}")
-  if mode == "topk" and topk < 1:
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+  if mode != "dense" and topk < 1:
     raise ValueError(f"topk must be >= 1, got {topk}")
   if isinstance(model_or_path, Pretrained):
     if overrides:
@@ -226,8 +227,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--checkpoint", required=True, help="fot_jax checkpoint, Hugging Face directory or .gguf file")
   p.add_argument("--document", required=True, help="a UTF-8 text file (.txt, .md, ...)")
   p.add_argument("--window", type=int, default=None, help="local window (default: the checkpoint's)")
-  p.add_argument("--mode", choices=("dense", "topk"), default="dense", help="memory attention")
-  p.add_argument("--topk", type=int, default=32, help="memory keys per query in --mode topk")
+  p.add_argument("--mode", choices=MODES, default="dense",
+                 help="memory attention: dense, topk, or host (top-k from a faiss index on the host: long documents)")
+  p.add_argument("--topk", type=int, default=32, help="memory keys per query in --mode topk or host")
   p.add_argument("--max_new_tokens", type=int, default=64)
   p.add_argument("--no_chat", action="store_true", help="a plain prompt even when the checkpoint has a chat template")
   p.add_argument("--mem_layers", type=_layers, default=None,

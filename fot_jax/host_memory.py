@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax.inference import windows_of
+from fot_jax.generation import sample
+from fot_jax.inference import generation_layout, generation_result, padded_width, windows_of
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
@@ -246,9 +248,10 @@ class HostMemoryInference:
     return HostMemory(self.cfg, batch, self.kind, self.nprobe, self.ivf_from)
 
   def _window(self, tok, msk, memory: HostMemory, want_logits: bool):
-    """One window through the stack, piecewise at the memory layers; its keys and values join memory
-    after it (a window never retrieves itself: its own tokens are the local window). Without
-    logits the stack stops at the last memory layer."""
+    """One window through the stack, piecewise at the memory layers -> (logits or None, its memory
+    layers' keys and values {layer: (k, v)}), which the caller adds to memory after it (a window
+    never retrieves itself: its own tokens are the local window). Without logits the stack stops
+    at the last memory layer."""
     layers = sorted(self.cfg.mem_layers)
     hidden, start, logits, mem_kv = None, 0, None, {}
     tok, msk = jnp.asarray(tok), jnp.asarray(msk)
@@ -263,8 +266,7 @@ class HostMemoryInference:
                                        self.cfg, layer, stop)
       mem_kv[layer] = kv[layer]
       start = None if stop is None else stop + 1
-    memory.add(mem_kv, msk)
-    return logits
+    return logits, mem_kv
 
   def process(self, tokens, memory: HostMemory, token_mask=None, want_logits: bool = True,
               logits_from: int = 0):
@@ -279,7 +281,8 @@ class HostMemoryInference:
     for start, n, tok, msk in windows_of(self.cfg, self.window, tokens, token_mask):
       keep = want_logits and start + self.window > logits_from
       memory.scored = (max(0, logits_from - start), n) if keep else None  # the positions with logits
-      logits = self._window(tok, msk, memory, keep)
+      logits, mem_kv = self._window(tok, msk, memory, keep)
+      memory.add(mem_kv, msk)
       if keep:
         outs.append(np.asarray(logits[:, :n]))
     memory.scored = None
@@ -288,6 +291,68 @@ class HostMemoryInference:
     self.scored_total += memory.scored_total - before[3]
     return np.concatenate(outs, axis=1) if outs else None
 
-  def generate(self, *args, **kwargs):
-    raise NotImplementedError("host memory reads prompts teacher-forced (the passkey and perplexity suites); "
-                              "generation needs eval mode dense or topk")
+  def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int = 0, return_logits: bool = False, last_context_length: Optional[int] = None,
+               eos_token_id=None):
+    """MemoryInference.generate's arguments and results (prompts placed as there, the same sampling
+    and eos handling), memory read through the host index: the windows before each prompt's last go
+    into memory; then every new token reruns the current window (the prompt's last tokens and the
+    new ones so far; its queries search memory again), and a full window joins memory as the next
+    token opens another. So the logits behind a token are `process`'s on that row's sequence so
+    far, placed as here. No key/value cache: a step costs one window's forward (padded to a power
+    of two), small beside reading a long prompt. Timings land in `self.stats`."""
+    rows, form, eos, (toks, mask, pads) = generation_layout(prompt, self.window, max_new_tokens, temperature,
+                                                           top_p, last_context_length, eos_token_id)
+    w, batch = self.window, len(rows)
+    lens = np.array([len(r) for r in rows])
+    ends = lens + pads
+    full = (ends - 1) // w  # windows that go to memory; the last (1..w tokens) is the current one
+    fill = ends - full * w
+    memory = self.new_memory(batch)
+    t0 = time.perf_counter()
+    for win in range(int(full.max())):
+      cols = slice(win * w, (win + 1) * w)
+      _, mem_kv = self._window(toks[:, cols], mask[:, cols], memory, want_logits=False)
+      memory.add(mem_kv, mask[:, cols] & (win < full)[:, None])  # a row's current window waits
+    cur, cur_mask = np.zeros((batch, w), np.int32), np.zeros((batch, w), bool)
+    for r in range(batch):
+      at = slice(full[r] * w, full[r] * w + fill[r])
+      cur[r, :fill[r]], cur_mask[r, :fill[r]] = toks[r, at], mask[r, at]
+    pad = eos[0] if eos else 0
+    gen = np.full((batch, max_new_tokens), pad, np.int32)
+    seen, done, key, rows_at = None, np.zeros(batch, bool), jax.random.key(seed), np.arange(batch)
+    t1 = time.perf_counter()
+    for step in range(max_new_tokens):
+      width = padded_width(self.cfg, w, int(fill.max()))
+      memory.scored = (int(fill.min()) - 1, int(fill.max()))  # the newest token's queries (batch 1: exactly)
+      logits, mem_kv = self._window(cur[:, :width], cur_mask[:, :width], memory, want_logits=True)
+      last = np.asarray(logits)[rows_at, fill - 1]  # [B, V]
+      tok = np.where(done, pad, np.asarray(sample(last, jax.random.fold_in(key, step), temperature, top_p)))
+      gen[:, step] = tok
+      if return_logits:
+        seen = np.zeros((batch, max_new_tokens, last.shape[-1]), np.float32) if seen is None else seen
+        seen[:, step] = np.where(done[:, None], 0.0, last)  # a done row's logits are 0
+      done |= np.isin(tok, eos)
+      if step + 1 == max_new_tokens or done.all():
+        break
+      moving = fill == w  # a full window joins memory; the new token opens the next one
+      if moving.any():
+        memory.add(mem_kv, cur_mask & moving[:, None])
+        cur[moving], cur_mask[moving], fill[moving] = 0, False, 0
+      cur[rows_at, fill], cur_mask[rows_at, fill] = tok, True
+      fill = fill + 1
+    memory.scored = None
+    t2 = time.perf_counter()
+    self.hits, self.total = self.hits + memory.hits, self.total + memory.total
+    self.scored_hits, self.scored_total = self.scored_hits + memory.scored_hits, self.scored_total + memory.scored_total
+    made = max_new_tokens * batch
+    if eos:  # up to and including each row's eos
+      hit = np.isin(gen, eos)
+      made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
+    self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
+                  "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9),
+                  "memory_entries": memory.size, "recall": memory.recall, "scored_recall": memory.scored_recall}
+    out = generation_result(rows, gen, form)
+    if not return_logits:
+      return out
+    return out, (seen if seen is not None else np.zeros((batch, max_new_tokens, self.cfg.vocab_size), np.float32))

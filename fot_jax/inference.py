@@ -174,6 +174,30 @@ def _place(rows, window: int, pads):
   return toks, mask
 
 
+def generation_layout(prompt, window: int, max_new_tokens: int, temperature: float, top_p: float,
+                      last_context_length: Optional[int], eos_token_id):
+  """`generate`'s arguments checked and its prompts placed -> (rows, their form, eos ids, (tokens,
+  mask, pads) placed as `generate` reads them: `end_aligned` on last_context_length tokens, by
+  default the window less the new tokens and at least half of it; 0: `start_aligned`)."""
+  rows, form = _prompt_rows(prompt)
+  if max_new_tokens < 0:
+    raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+  if temperature < 0 or not 0 < top_p <= 1:
+    raise ValueError(f"generate: needs temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+  eos = () if eos_token_id is None else tuple(int(e) for e in np.atleast_1d(eos_token_id))
+  if last_context_length is None:
+    last_context_length = window - min(max_new_tokens, window // 2)
+  placed = start_aligned(rows, window) if last_context_length == 0 else end_aligned(rows, window,
+                                                                                     last_context_length)
+  return rows, form, eos, placed
+
+
+def generation_result(rows: List[np.ndarray], gen: np.ndarray, form: str):
+  """Each prompt with its new tokens gen [B, N], in the prompt's form ('1d', '2d' or 'list')."""
+  out = [np.concatenate([r, g]) for r, g in zip(rows, gen)]
+  return out[0] if form == "1d" else np.stack(out) if form == "2d" else out
+
+
 def padded_width(cfg: ModelConfig, window: int, n: int) -> int:
   """A last window of n tokens is padded to a power of two (at least 16); dynamic NTK keeps the
   whole window: its RoPE base depends on the window's length, padding included."""
@@ -262,19 +286,9 @@ class MemoryInference:
     (the whole window only when new tokens cross into the next one): a decode step reads the
     slots in use, not the window's. The decode loop runs on device between window crossings.
     """
-    rows, form = _prompt_rows(prompt)
-    if max_new_tokens < 0:
-      raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0 or not 0 < top_p <= 1:
-      raise ValueError(f"generate: needs temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-    eos = () if eos_token_id is None else tuple(int(e) for e in np.atleast_1d(eos_token_id))
+    rows, form, eos, (toks, mask, pads) = generation_layout(prompt, self.window, max_new_tokens, temperature,
+                                                           top_p, last_context_length, eos_token_id)
     w, batch = self.window, len(rows)
-    if last_context_length is None:
-      last_context_length = w - min(max_new_tokens, w // 2)
-    if last_context_length == 0:  # windows from token 0, as `process`
-      toks, mask, pads = start_aligned(rows, w)
-    else:
-      toks, mask, pads = end_aligned(rows, w, last_context_length)
     lens = np.array([len(r) for r in rows])
     ends = lens + pads  # a row's end in the placed tokens
     full = (ends - 1) // w  # windows that go to memory; the last (1..w tokens) goes to the cache
@@ -347,8 +361,7 @@ class MemoryInference:
                   "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9), "cache_slots": slots}
     logging.info("generate: %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s", lens.sum(),
                  t1 - t0, made, self.stats["tokens_per_s"])
-    out = [np.concatenate([r, g]) for r, g in zip(rows, gen)]
-    out = out[0] if form == "1d" else np.stack(out) if form == "2d" else out
+    out = generation_result(rows, gen, form)
     if not return_logits:
       return out
     return out, np.asarray(seen[:, :max_new_tokens])

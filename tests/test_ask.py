@@ -107,6 +107,15 @@ def test_the_documents_early_windows_reach_the_answer_through_memory(model, no_m
   assert len(set(without)) == 1 and len(set(with_memory)) > 1
 
 
+def test_host_memory_answers_as_the_devices_memory(model):
+  """--mode host (a faiss index on the host; exact below 16,384 entries): the answers of the device's
+  top-k memory with the same k, and of dense memory with k past the memory's size."""
+  def tokens(mode, topk):
+    return ask.answer(model, FIRSTS[3] + REST, QUESTION, max_new_tokens=8, chat=False, mode=mode, topk=topk).tokens
+  assert tokens("host", 2) == tokens("topk", 2)
+  assert tokens("host", 1000) == tokens("dense", 32)
+
+
 def test_cli_prints_the_answer(ckpts, model, no_memory, tmp_path, capsys):
   doc = tmp_path / "doc.md"
   doc.write_text(FIRSTS[2] + REST + "\n", encoding="utf-8")

@@ -95,6 +95,33 @@ def test_the_scored_recall_counts_the_queries_of_the_scored_positions():
   assert counts[0][0] < counts[0][1]  # one list searched: the count can tell a miss
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_host_generation_equals_the_devices_topk_generation(temperature):
+  """Greedy and sampled generation through an exact host index: the tokens and logits of
+  MemoryInference.generate with top-k memory, windows crossed while generating (the current window
+  joins memory), rows of different lengths, and a row that stops at eos."""
+  cfg, params = _model((0, 2))
+  tokens, mask = _prompts()
+  rows = [tokens[0], tokens[1][mask[1]]]  # 55 and 34 tokens
+  kw = dict(max_new_tokens=13, temperature=temperature, seed=3, return_logits=True)
+  host = HostMemoryInference(cfg, params, WINDOW, topk=8, kind="flat")
+  device = MemoryInference(cfg, params, WINDOW, "topk", 8)
+  got, got_logits = host.generate(rows, **kw)
+  want, want_logits = device.generate(rows, **kw)
+  for g, r in zip(got, want):
+    np.testing.assert_array_equal(g, r)
+  np.testing.assert_allclose(got_logits, want_logits, atol=2e-4, rtol=1e-4)
+  assert host.stats["new_tokens"] == 26 and host.stats["memory_entries"] > 0
+  # eos: the row that samples it stops there, the rest of its tokens are eos, its logits 0
+  eos = int(got[0][len(rows[0]) + 2])
+  got, got_logits = host.generate(rows, eos_token_id=eos, **kw)
+  want, want_logits = device.generate(rows, eos_token_id=eos, **kw)
+  for g, r in zip(got, want):
+    np.testing.assert_array_equal(g, r)
+  np.testing.assert_allclose(got_logits, want_logits, atol=2e-4, rtol=1e-4)
+  assert (got[0][len(rows[0]) + 2:] == eos).all()
+
+
 def test_bad_host_memory_settings_are_refused():
   cfg, params = _model((1,))
   for kwargs, message in (({"kind": "hnsw"}, "kind must be one of"), ({"topk": 0}, "topk must be at least 1"),

@@ -147,6 +147,22 @@ def test_generate_until_is_greedy_generation_cut_at_until(lm, ckpt):
   assert lm.generate_until(_reqs("generate_until", [(c, {"until": []}) for c in contexts])) == texts  # max_gen_toks 6
 
 
+def test_host_memory_mode_reads_as_dense_memory(lm, ckpt):
+  """mode=host with an exact index and k past every memory: every request scored and generated as
+  dense memory reads it (fot_jax.host_memory); an approximate index's arguments are checked."""
+  host = lm_harness.FotJaxLM(checkpoint=ckpt, window=W, batch_size=2, max_gen_toks=6, mode="host",
+                             host_index="flat", topk=1000)
+  ll = [("class A:", " pass"), (LONG, " 4821"), (LONG[:40], " key")]
+  for kind, args in (("loglikelihood", ll), ("loglikelihood_rolling", [(LONG + " 4821.",)]),
+                     ("generate_until", [(c, {"until": []}) for c in (LONG, "def f(x):")])):
+    got, want = (getattr(m, kind)(_reqs(kind, args)) for m in (host, lm))
+    assert np.allclose(np.array(got, float), np.array(want, float), atol=1e-3) if kind != "generate_until" \
+        else got == want, (kind, got, want)
+  assert host.infer.mode == "host" and host.infer.kind == "flat"
+  approx = lm_harness.settings({"checkpoint": ckpt, "mode": "host", "nprobe": "4"})
+  assert (approx.host_index, approx.nprobe) == ("ivf", 4)
+
+
 def test_chat_template(lm, ckpt, tmp_path):
   msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
   hf = AutoTokenizer.from_pretrained(chat.tokenizer_dir(ckpt))
@@ -242,7 +258,9 @@ def test_cli_runs_lm_eval_end_to_end(lm, ckpt, tmp_path, monkeypatch):
     ("checkpoint={ck},window=abc", "window: expected an integer >= 1, got 'abc'"),
     ("window=8", "checkpoint: required"),
     ("checkpoint={ck},mem_layers=1:x", "mem_layers: expected 0-based layers separated by ':'"),
-    ("checkpoint={ck},mode=approx", "mode: expected one of dense|topk"),
+    ("checkpoint={ck},mode=approx", "mode: expected one of dense|topk|host"),
+    ("checkpoint={ck},mode=host,host_index=hnsw", "host_index: expected one of flat|ivf"),
+    ("checkpoint={ck},nprobe=4", "nprobe: only for mode=host, not mode=dense"),
     ("checkpoint={ck},rope_scaling=yarn", "rope_scaling: expected TYPE:FACTOR or TYPE:FACTOR:ORIGINAL_POSITIONS"),
     ("checkpoint={ck},rope_scaling=warp:4", "rope_scaling: "),
 ])

@@ -319,12 +319,17 @@ class Pretrained:
     window = window or self.window
     if not window:
       raise ValueError("window: this checkpoint records no window; pass window=")
+    if mode == "host":  # each query's top-k from a faiss index on the host (fot_jax.host_memory): long prompts
+      from fot_jax.host_memory import HostMemoryInference
+      return HostMemoryInference(self.cfg, self.params, window, topk)
     return MemoryInference(self.cfg, self.params, window, mode, topk, chunk, mem_dtype)
 
   def logits_with_memory(self, tokens, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
                          token_mask=None, chunk: int = 65536, mem_dtype=None) -> np.ndarray:
     """FoT memory inference (fot_jax.inference): windows of `window` tokens, earlier windows'
-    memory-layer keys/values in memory. tokens [B, L] (or text: see `_ids`) -> [B, L, V]."""
+    memory-layer keys/values in memory. tokens [B, L] (or text: see `_ids`) -> [B, L, V]. mode: a
+    device memory mode (fot_jax.model.memory) or 'host' (top-k from a faiss index on the host,
+    fot_jax.host_memory; generate takes it too)."""
     infer = self._inference(window, mode, topk, chunk, mem_dtype)
     tokens = self._ids(tokens, "logits_with_memory")
     self._no_memory_notice(tokens.shape[-1] > infer.window, infer.window)

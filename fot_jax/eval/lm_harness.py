@@ -12,7 +12,9 @@ module registers it too, so `lm_eval.simple_evaluate(model="fot_jax", model_args
 `import fot_jax.eval.lm_harness` (pass `with_tokenizer(model_args)` for RULER tasks).
 
 Model arguments (`--model_args key=value,...`; docs/evaluation.md "lm-evaluation-harness"):
-checkpoint (or pretrained), tokenizer, window, mode, topk, mem_layers (layers separated by ':'),
+checkpoint (or pretrained), tokenizer, window, mode (dense, topk, or host: each query's top-k from a
+faiss index on the host, fot_jax.host_memory, for prompts past ~32K), topk, host_index (flat or ivf),
+nprobe, mem_layers (layers separated by ':'),
 dtype, batch_size, max_gen_toks, last_context_length, seed, rope_scaling (TYPE:FACTOR[:ORIGINAL], e.g.
 yarn:4:8192), attention_impl. Every request is read window by window
 with memory (fot_jax.inference): generation through `MemoryInference.generate` (prompts aligned at
@@ -45,17 +47,20 @@ from fot_jax import chat, cli
 from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import heads
 from fot_jax.evaluate import _layers as parse_layers
+from fot_jax.host_memory import KINDS as HOST_KINDS
+from fot_jax.host_memory import HostMemoryInference
 from fot_jax.inference import MemoryInference, end_aligned, forward_window, start_aligned
 from fot_jax.model.config import ATTENTION_IMPLS
 
 PROG = "fot_jax.eval.lm_harness"
 MODEL_NAME = "fot_jax"
 TARGET = "fot_jax.eval.lm_harness:FotJaxLM"  # the module's name also when it runs as __main__
-MODES = ("dense", "topk")  # of fot_jax.model.memory.MEMORY_MODES
+MODES = ("dense", "topk", "host")  # dense / topk: fot_jax.model.memory; host: fot_jax.host_memory
 LAYER_SEPARATOR = ":"  # commas separate lm-eval's model_args
 IGNORED_ARGS = ("max_batch_size", "device", "trust_remote_code")  # lm-eval passes them to every model
-ARGS = ("checkpoint", "pretrained", "tokenizer", "window", "mode", "topk", "mem_layers", "dtype", "batch_size",
-        "max_gen_toks", "last_context_length", "seed", "rope_scaling", "attention_impl") + IGNORED_ARGS
+ARGS = ("checkpoint", "pretrained", "tokenizer", "window", "mode", "topk", "host_index", "nprobe", "mem_layers",
+        "dtype", "batch_size", "max_gen_toks", "last_context_length", "seed", "rope_scaling",
+        "attention_impl") + IGNORED_ARGS
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,8 @@ class Settings:
   window: Optional[int] = None
   mode: str = "dense"
   topk: int = 32
+  host_index: str = "ivf"  # mode host: the faiss index, flat (exact) or ivf with nprobe lists searched
+  nprobe: int = 8
   mem_layers: object = None
   dtype: Optional[str] = None
   batch_size: int = 1
@@ -150,6 +157,11 @@ def settings(args: dict) -> Settings:
   mode = str(args.get("mode") or "dense").strip().lower()
   if mode not in MODES:
     _fail("mode", f"expected one of {'|'.join(MODES)}, got {args.get('mode')!r}")
+  host_index = str(args.get("host_index") or "ivf").strip().lower()
+  if host_index not in HOST_KINDS:
+    _fail("host_index", f"expected one of {'|'.join(HOST_KINDS)}, got {args.get('host_index')!r}")
+  if mode != "host" and ("host_index" in args or "nprobe" in args):
+    _fail("host_index" if "host_index" in args else "nprobe", f"only for mode=host, not mode={mode}")
   batch = args.get("batch_size")
   if isinstance(batch, str) and batch.strip().lower().startswith("auto"):
     _fail("batch_size", f"{batch!r} is not supported; give a number of rows (e.g. --batch_size 8)")
@@ -164,7 +176,7 @@ def settings(args: dict) -> Settings:
     _fail("tokenizer", f"expected a tokenizer directory, got {tokenizer!r}")
   return Settings(
       checkpoint=checkpoint, tokenizer=tokenizer or None, window=_int(args, "window", None), mode=mode,
-      topk=_int(args, "topk", 32), mem_layers=_mem_layers(args["mem_layers"]) if "mem_layers" in args else None,
+      topk=_int(args, "topk", 32), host_index=host_index, nprobe=_int(args, "nprobe", 8), mem_layers=_mem_layers(args["mem_layers"]) if "mem_layers" in args else None,
       dtype=dtype, batch_size=_int(args, "batch_size", 1), max_gen_toks=_int(args, "max_gen_toks", 256, least=0),
       last_context_length=_int(args, "last_context_length", None, least=0), seed=_int(args, "seed", 0, least=0),
       rope_scaling=_rope_scaling(args.get("rope_scaling")), attention_impl=impl)
@@ -229,14 +241,19 @@ class FotJaxLM(LM):
       _fail("window", f"{s.checkpoint} records no window; pass window=N")
     if s.last_context_length is not None and not s.last_context_length <= self.window:
       _fail("last_context_length", f"must be in 0..window ({self.window}), got {s.last_context_length}")
-    self.infer = MemoryInference(self.model.cfg, self.model.params, self.window, s.mode, s.topk)
+    if s.mode == "host":
+      self.infer = HostMemoryInference(self.model.cfg, self.model.params, self.window, s.topk, s.host_index,
+                                       s.nprobe)
+    else:
+      self.infer = MemoryInference(self.model.cfg, self.model.params, self.window, s.mode, s.topk)
     self.vocab = self.model.vocab
     self.bos, self.eos = int(self.vocab.bos_id), int(self.vocab.eos_id)
     self.batch_size, self.max_gen_toks = s.batch_size, s.max_gen_toks
     self._samples = 0  # sampled generation: each batch gets its own seed
     self._warned = set()
+    how = {"dense": "dense", "topk": f"top-{s.topk}", "host": f"host {s.host_index} top-{s.topk}"}[s.mode]
     log.info("fot_jax: %s, window %d, memory layers %s, %s memory", s.checkpoint, self.window,
-             list(self.model.cfg.mem_layers), s.mode if s.mode == "dense" else f"top-{s.topk}")
+             list(self.model.cfg.mem_layers), how)
 
   @classmethod
   def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None):
@@ -300,6 +317,12 @@ class FotJaxLM(LM):
       return list(zip(total.tolist(), greedy.tolist()))
     last = int(np.nonzero(scored.any(0))[0].max())
     memory = self.infer.new_memory(len(seqs))
+    if self.infer.mode == "host":  # the windows through the host index; logits from the first scored one
+      first, end = int(np.nonzero(scored.any(0))[0].min()) // w * w, (last // w + 1) * w
+      logits = self.infer.process(toks[:, :end], memory, mask[:, :end], logits_from=first)
+      lp, gr = _token_scores(jnp.asarray(logits), jnp.asarray(targets[:, first:end]),
+                             jnp.asarray(scored[:, first:end]))
+      return list(zip(np.asarray(lp, np.float64).tolist(), np.asarray(gr).tolist()))
     layers = self.model.cfg.mem_layers
     args = (self.model.cfg, self.infer.mode, self.infer.topk, self.infer.chunk)
     for start in range(0, last + 1, w):
@@ -342,6 +365,7 @@ class FotJaxLM(LM):
       for i, res in zip(batch, scores):
         out[i] = res
         self.cache_hook.add_partial("loglikelihood", requests[i].args, res)
+    self._log_recall()
     return out
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
@@ -354,7 +378,16 @@ class FotJaxLM(LM):
       for i, (logp, _) in zip(batch, scores):
         out[i] = logp
         self.cache_hook.add_partial("loglikelihood_rolling", requests[i].args, logp)
+    self._log_recall()
     return out
+
+  def _log_recall(self):
+    """mode=host with an approximate index: its recall@k against exact search so far, sampled and
+    at the scored (or newest) positions (fot_jax.host_memory)."""
+    if getattr(self.infer, "recall", None) is not None and self.infer.mode == "host":
+      log.info("fot_jax host memory: recall@%d %.4f (sampled queries), %s at the scored positions",
+               self.infer.topk, self.infer.recall,
+               "-" if self.infer.scored_recall is None else f"{self.infer.scored_recall:.4f}")
 
   def _warn_once(self, key: str, message: str):
     if key not in self._warned:
@@ -392,6 +425,7 @@ class FotJaxLM(LM):
           out[i] = stop_at(self._decode(full[len(row):]), until)
           self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
         bar.update(len(batch))
+        self._log_recall()
     bar.close()
     return out
 
