@@ -163,6 +163,36 @@ def test_host_memory_mode_reads_as_dense_memory(lm, ckpt):
   assert (approx.host_index, approx.nprobe) == ("ivf", 4)
 
 
+def test_capped_ruler_samples_are_the_first_of_the_uncapped(ckpt):
+  """--ruler_samples N: each RULER generator makes the first N of the prompts it makes uncapped."""
+  import random
+
+  from lm_eval.tasks.ruler import cwe_utils, fwe_utils, niah_utils, vt_utils
+  tok = AutoTokenizer.from_pretrained(chat.tokenizer_dir(ckpt))
+  calls = {"niah": lambda: niah_utils.generate_samples(
+               niah_utils.get_haystack(type_haystack="repeat"), max_seq_length=600, template=niah_utils.TEMPLATE,
+               type_haystack="repeat", type_needle_k="words", type_needle_v="numbers", num_samples=3, TOKENIZER=tok),
+           "vt": lambda: vt_utils.sys_vartrack_w_noise_random(tokenizer=tok, num_samples=3, max_seq_length=2500),
+           "cwe": lambda: cwe_utils.sys_word_pair_random(num_samples=3, max_seq_length=2500, tokenizer=tok),
+           "fwe": lambda: fwe_utils.sys_kwext(tokenizer=tok, max_seq_length=600, num_samples=3)}
+
+  def made(name):  # the random states lm-eval seeds (and cwe's own), as a fresh process has them
+    random.seed(0)
+    np.random.seed(0)
+    cwe_utils.RNG.seed(0)
+    return [(d["input"], d["outputs"]) for d in calls[name]()]
+  try:
+    full = {name: made(name) for name in calls}
+    assert lm_harness._ruler_samples(["--tasks", "x", "--ruler_samples", "2"]) == ["--tasks", "x"]
+    for name in calls:
+      assert made(name) == full[name][:2] and len(full[name]) == 3 and full[name][1] != full[name][2], name
+  finally:
+    lm_harness.cap_ruler_samples(0)
+  assert len(made("niah")) == 3  # undone
+  with pytest.raises(ValueError, match="--ruler_samples: expected a number of prompts >= 1, got 'x'"):
+    lm_harness._ruler_samples(["--ruler_samples=x"])
+
+
 def test_chat_template(lm, ckpt, tmp_path):
   msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
   hf = AutoTokenizer.from_pretrained(chat.tokenizer_dir(ckpt))

@@ -25,6 +25,7 @@ own vocabulary (`Pretrained.vocab`), bos first, as fot_jax.eval.ruler's prompts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -455,13 +456,56 @@ def register() -> None:
 register()
 
 
+# RULER's sample generators in lm-eval 0.4.13 (module, function): each makes `num_samples` prompts
+# (500 per length) in order from the random state lm-eval seeds, whatever --limit keeps
+RULER_GENERATORS = (("niah_utils", "generate_samples"), ("vt_utils", "sys_vartrack_w_noise_random"),
+                    ("cwe_utils", "sys_word_pair_random"), ("fwe_utils", "sys_kwext"))
+RULER_SAMPLES = "--ruler_samples"
+
+
+def cap_ruler_samples(n: int) -> None:
+  """RULER's tasks make 500 prompts for each length before `--limit` keeps the first few: at 128K
+  tokens that is most of an evaluation's time (each prompt built and tokenized, often twice). Caps
+  every RULER generator at n prompts: the first n of the 500, since each draws its prompts one
+  after the other from one random state (tests/test_lm_harness.py checks the prefix). n < 1 undoes it."""
+  import importlib
+  for module, name in RULER_GENERATORS:
+    mod = importlib.import_module(f"lm_eval.tasks.ruler.{module}")
+    original = getattr(getattr(mod, name), "__wrapped__", getattr(mod, name))
+    if n < 1:
+      setattr(mod, name, original)
+      continue
+
+    @functools.wraps(original)
+    def capped(*args, _original=original, **kwargs):
+      kwargs["num_samples"] = min(int(kwargs.get("num_samples", 500)), n)
+      return _original(*args, **kwargs)
+    setattr(mod, name, capped)
+
+
+def _ruler_samples(argv: List[str]) -> List[str]:
+  """Takes `--ruler_samples N` (or =N) out of lm-eval's command line and caps RULER's prompts at N."""
+  out, it = [], iter(argv)
+  for arg in it:
+    if arg == RULER_SAMPLES or arg.startswith(RULER_SAMPLES + "="):
+      value = arg.split("=", 1)[1] if "=" in arg else next(it, "")
+      if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{RULER_SAMPLES}: expected a number of prompts >= 1, got {value!r}")
+      cap_ruler_samples(int(value))
+    else:
+      out.append(arg)
+  return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
   """lm-eval's command line (`python -m lm_eval ...`) with the model `fot_jax` registered; for
   --model fot_jax, model_args get the checkpoint's tokenizer directory (with_tokenizer) and are
-  checked (and the checkpoint path's existence) before lm-eval starts."""
+  checked (and the checkpoint path's existence) before lm-eval starts. `--ruler_samples N` (ours,
+  not lm-eval's): RULER tasks make N prompts per length instead of 500 (`cap_ruler_samples`)."""
   argv = list(sys.argv[1:] if argv is None else argv)
   with cli.expected_errors(PROG):
     setup_logging()
+    argv = _ruler_samples(argv)
     parser = HarnessCLI()
     saved, sys.argv = sys.argv, ["lm-eval"] + argv  # lm-eval's parser reads sys.argv
     try:
