@@ -141,9 +141,11 @@ class HostMemory:
       for r in range(self.batch):
         self.stores[r][layer].add(k[r][mask[r]], v[r][mask[r]])
 
-  def gather(self, layer: int, queries, k: int) -> Optional[MemoryBlock]:
+  def gather(self, layer: int, queries, k: int, token_mask=None) -> Optional[MemoryBlock]:
     """queries [B, T, KV, G, D] -> each query head's top-k entries as a MemoryBlock with keys /
-    values [B, KV, G, T, k, D] and mask [B, KV, G, T, k]; None while this layer's memory is empty."""
+    values [B, KV, G, T, k, D] and mask [B, KV, G, T, k]; None while this layer's memory is empty.
+    token_mask [B, T]: the real tokens, whose queries the recall samples (padding's are searched
+    but never counted)."""
     k = min(k, self.size)
     if k == 0:
       return None
@@ -152,14 +154,15 @@ class HostMemory:
     keys = np.zeros((b, kv, g, t, k, d), np.float32)
     values = np.zeros((b, kv, g, t, k, d), np.float32)
     mask = np.zeros((b, kv, g, t, k), bool)
+    real = np.ones((b, t), bool) if token_mask is None else np.asarray(token_mask, bool)
     for r in range(b):
       store = self.stores[r][layer]
       if not store.size:
         continue
       qr = q[r].transpose(1, 2, 0, 3).reshape(kv, g * t, d)  # [KV, G*T, D]: a search per kv head
       ids = store.search(qr, k)  # [KV, G*T, k]
-      if store.kind == "ivf" and store.trained_at:
-        self._count_recall(store, qr, ids, k)
+      if store.kind == "ivf" and store.trained_at and real[r].any():
+        self._count_recall(store, qr, ids, k, (np.arange(g)[:, None] * t + np.flatnonzero(real[r])[None]).ravel())
         if self.scored is not None and self.scored[0] < min(self.scored[1], t):
           cols = (np.arange(g)[:, None] * t + np.arange(self.scored[0], min(self.scored[1], t))[None]).ravel()
           for h in range(kv):
@@ -173,11 +176,10 @@ class HostMemory:
       mask[r] = ok.reshape(kv, g, t, k)
     return MemoryBlock(jnp.asarray(keys), jnp.asarray(values), jnp.asarray(mask))
 
-  def _count_recall(self, store: _LayerStore, q, ids, k: int) -> None:
-    """recall_hits on a sample of each kv head's queries."""
-    kv, nq, _ = q.shape
-    for h in range(kv):
-      pick = self.rng.choice(nq, min(self.recall_queries, nq), replace=False)
+  def _count_recall(self, store: _LayerStore, q, ids, k: int, cols) -> None:
+    """recall_hits on a sample of each kv head's queries among `cols` (those of real tokens)."""
+    for h in range(q.shape[0]):
+      pick = self.rng.choice(cols, min(self.recall_queries, len(cols)), replace=False)
       hits, total = recall_hits(q[h, pick] @ store.keys[:store.size, h].T, ids[h, pick], k)
       self.hits, self.total = self.hits + hits, self.total + total
 
@@ -228,6 +230,10 @@ class HostMemoryInference:
       raise ValueError(f"host memory: kind must be one of {KINDS}, got {kind!r}")
     if not cfg.mem_layers:
       raise ValueError("host memory: the model has no memory layers")
+    try:
+      import faiss  # noqa: F401  (the eval extra) before a long prompt is read, not at its first search
+    except ImportError:
+      raise ImportError("host memory needs faiss: pip install -e '.[eval]' (make install installs it)") from None
     self.cfg, self.params, self.window, self.topk = cfg, params, window, topk
     self.kind, self.nprobe, self.ivf_from = kind, nprobe, ivf_from
     self.hits = self.total = 0  # recall counts over every prompt read
@@ -259,7 +265,7 @@ class HostMemoryInference:
       if layer > start:
         _, hidden, _ = _run_layers(self.params, tok, hidden, msk, None, self.cfg, start, layer - 1)
       # nothing to read before the first window's keys join memory: no queries to compute
-      block = (memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer), self.topk)
+      block = (memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer), self.topk, msk)
                if memory.size else None)
       stop = layers[j + 1] - 1 if j + 1 < len(layers) else (None if want_logits else layer)
       logits, hidden, kv = _run_layers(self.params, tok, hidden, msk, None if block is None else {layer: [block]},
@@ -321,12 +327,15 @@ class HostMemoryInference:
     pad = eos[0] if eos else 0
     gen = np.full((batch, max_new_tokens), pad, np.int32)
     seen, done, key, rows_at = None, np.zeros(batch, bool), jax.random.key(seed), np.arange(batch)
-    t1 = time.perf_counter()
+    t1 = None  # prefill ends with the first forward of the current windows (the first new token's logits)
     for step in range(max_new_tokens):
       width = padded_width(self.cfg, w, int(fill.max()))
-      memory.scored = (int(fill.min()) - 1, int(fill.max()))  # the newest token's queries (batch 1: exactly)
+      # the scored recall counts the newest token's queries: one position when the rows' fills agree
+      # (end-aligned prompts longer than last_context_length do), else none
+      memory.scored = (int(fill[0]) - 1, int(fill[0])) if (fill == fill[0]).all() else None
       logits, mem_kv = self._window(cur[:, :width], cur_mask[:, :width], memory, want_logits=True)
       last = np.asarray(logits)[rows_at, fill - 1]  # [B, V]
+      t1 = time.perf_counter() if t1 is None else t1
       tok = np.where(done, pad, np.asarray(sample(last, jax.random.fold_in(key, step), temperature, top_p)))
       gen[:, step] = tok
       if return_logits:
@@ -343,14 +352,16 @@ class HostMemoryInference:
       fill = fill + 1
     memory.scored = None
     t2 = time.perf_counter()
+    t1 = t2 if t1 is None else t1
     self.hits, self.total = self.hits + memory.hits, self.total + memory.total
     self.scored_hits, self.scored_total = self.scored_hits + memory.scored_hits, self.scored_total + memory.scored_total
     made = max_new_tokens * batch
-    if eos:  # up to and including each row's eos
+    if eos and max_new_tokens:  # up to and including each row's eos
       hit = np.isin(gen, eos)
       made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
+    # decode_s: the tokens after the first (each reruns the current window: ~ one window's prefill)
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
-                  "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9),
+                  "decode_s": t2 - t1, "tokens_per_s": max(made - batch, 0) / max(t2 - t1, 1e-9),
                   "memory_entries": memory.size, "recall": memory.recall, "scored_recall": memory.scored_recall}
     out = generation_result(rows, gen, form)
     if not return_logits:

@@ -354,7 +354,7 @@ class MemoryInference:
     gen = np.asarray(gen[:, :max_new_tokens])
     t2 = time.perf_counter()
     made = max_new_tokens * batch
-    if eos:  # up to and including each row's eos
+    if eos and max_new_tokens:  # up to and including each row's eos
       hit = np.isin(gen, eos)
       made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,

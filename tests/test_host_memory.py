@@ -120,6 +120,9 @@ def test_host_generation_equals_the_devices_topk_generation(temperature):
     np.testing.assert_array_equal(g, r)
   np.testing.assert_allclose(got_logits, want_logits, atol=2e-4, rtol=1e-4)
   assert (got[0][len(rows[0]) + 2:] == eos).all()
+  # no new tokens: the prompts back, eos or not
+  for inference in (host, device):
+    assert all((g == r).all() for g, r in zip(inference.generate(rows, 0, eos_token_id=eos), rows))
 
 
 def test_bad_host_memory_settings_are_refused():

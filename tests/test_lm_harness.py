@@ -291,6 +291,7 @@ def test_cli_runs_lm_eval_end_to_end(lm, ckpt, tmp_path, monkeypatch):
     ("checkpoint={ck},mode=approx", "mode: expected one of dense|topk|host"),
     ("checkpoint={ck},mode=host,host_index=hnsw", "host_index: expected one of flat|ivf"),
     ("checkpoint={ck},nprobe=4", "nprobe: only for mode=host, not mode=dense"),
+    ("checkpoint={ck},mode=host,host_index=flat,nprobe=4", "nprobe: only for host_index=ivf"),
     ("checkpoint={ck},rope_scaling=yarn", "rope_scaling: expected TYPE:FACTOR or TYPE:FACTOR:ORIGINAL_POSITIONS"),
     ("checkpoint={ck},rope_scaling=warp:4", "rope_scaling: "),
 ])

@@ -20,6 +20,7 @@ from fot_jax.inference import MemoryInference, _prompt_rows
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
+from fot_jax.model.memory import MEMORY_MODES
 
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -319,6 +320,8 @@ class Pretrained:
     window = window or self.window
     if not window:
       raise ValueError("window: this checkpoint records no window; pass window=")
+    if mode not in MEMORY_MODES + ("host",):
+      raise ValueError(f"mode: must be one of {', '.join(MEMORY_MODES + ('host',))}, got {mode!r}")
     if mode == "host":  # each query's top-k from a faiss index on the host (fot_jax.host_memory): long prompts
       from fot_jax.host_memory import HostMemoryInference
       return HostMemoryInference(self.cfg, self.params, window, topk)
@@ -341,7 +344,8 @@ class Pretrained:
                eos_token_id=None):
     """prompt: 1-D tokens, [B, L] tokens or a list of 1-D prompts -> the same form with
     max_new_tokens appended; greedy (temperature 0) or sampled (temperature, top_p), with a
-    key/value cache of the current window and memory of the earlier ones; the prompt's last
+    key/value cache of the current window (mode 'host': the window rerun per token, memory in a
+    faiss index on the host, ivf with nprobe 8) and memory of the earlier ones; the prompt's last
     `last_context_length` tokens in the current window (MemoryInference.generate; 0: windows
     from token 0, as logits_with_memory); a row stops at `eos_token_id` (one id or several;
     the rest of its tokens are that id). Timings and tokens/s: `self.generation_stats`.

@@ -13,13 +13,14 @@ module registers it too, so `lm_eval.simple_evaluate(model="fot_jax", model_args
 
 Model arguments (`--model_args key=value,...`; docs/evaluation.md "lm-evaluation-harness"):
 checkpoint (or pretrained), tokenizer, window, mode (dense, topk, or host: each query's top-k from a
-faiss index on the host, fot_jax.host_memory, for prompts past ~32K), topk, host_index (flat or ivf),
-nprobe, mem_layers (layers separated by ':'),
-dtype, batch_size, max_gen_toks, last_context_length, seed, rope_scaling (TYPE:FACTOR[:ORIGINAL], e.g.
+faiss index on the host, fot_jax.host_memory, for prompts of 64K tokens and more), topk, host_index
+(flat or ivf), nprobe, mem_layers (layers separated by ':'), dtype, batch_size, max_gen_toks, last_context_length, seed, rope_scaling (TYPE:FACTOR[:ORIGINAL], e.g.
 yarn:4:8192), attention_impl. Every request is read window by window
-with memory (fot_jax.inference): generation through `MemoryInference.generate` (prompts aligned at
-their end), log-likelihoods from the same windows (`forward_window`), rolling log-likelihoods with
-windows from token 0, as `Pretrained.logits_with_memory`. Text is encoded with the checkpoint's
+with memory (fot_jax.inference; mode=host: fot_jax.host_memory): generation through
+`MemoryInference.generate` (`HostMemoryInference.generate`; prompts aligned at their end),
+log-likelihoods from the same windows (`forward_window`; `HostMemoryInference.process`), rolling
+log-likelihoods with windows from token 0, as `Pretrained.logits_with_memory`. `--ruler_samples N`
+caps RULER's prompts per length (`cap_ruler_samples`). Text is encoded with the checkpoint's
 own vocabulary (`Pretrained.vocab`), bos first, as fot_jax.eval.ruler's prompts.
 """
 from __future__ import annotations
@@ -163,6 +164,8 @@ def settings(args: dict) -> Settings:
     _fail("host_index", f"expected one of {'|'.join(HOST_KINDS)}, got {args.get('host_index')!r}")
   if mode != "host" and ("host_index" in args or "nprobe" in args):
     _fail("host_index" if "host_index" in args else "nprobe", f"only for mode=host, not mode={mode}")
+  if "nprobe" in args and host_index != "ivf":
+    _fail("nprobe", f"only for host_index=ivf (the inverted lists searched), not host_index={host_index}")
   batch = args.get("batch_size")
   if isinstance(batch, str) and batch.strip().lower().startswith("auto"):
     _fail("batch_size", f"{batch!r} is not supported; give a number of rows (e.g. --batch_size 8)")
@@ -319,8 +322,9 @@ class FotJaxLM(LM):
     last = int(np.nonzero(scored.any(0))[0].max())
     memory = self.infer.new_memory(len(seqs))
     if self.infer.mode == "host":  # the windows through the host index; logits from the first scored one
-      first, end = int(np.nonzero(scored.any(0))[0].min()) // w * w, (last // w + 1) * w
-      logits = self.infer.process(toks[:, :end], memory, mask[:, :end], logits_from=first)
+      first_col = int(np.nonzero(scored.any(0))[0].min())  # the scored recall counts from this column on
+      first, end = first_col // w * w, (last // w + 1) * w
+      logits = self.infer.process(toks[:, :end], memory, mask[:, :end], logits_from=first_col)
       lp, gr = _token_scores(jnp.asarray(logits), jnp.asarray(targets[:, first:end]),
                              jnp.asarray(scored[:, first:end]))
       return list(zip(np.asarray(lp, np.float64).tolist(), np.asarray(gr).tolist()))
