@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax.generation import sample
+from fot_jax.generation import fit_slots, sample
 from fot_jax.inference import generation_layout, generation_result, padded_width, windows_of
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
@@ -197,13 +197,33 @@ def recall_hits(scores, ids, k: int) -> Tuple[int, int]:
   return int(((got >= kth - 1e-5) & (ids[:, :k] >= 0)).sum()), k * len(scores)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "start", "stop"))
-def _run_layers(params, tokens, hidden, token_mask, memories, cfg: ModelConfig, start: int, stop: Optional[int]):
-  """Layers start..stop (stop None: to the logits) -> (logits or None, hidden after, {layer: (k, v)})."""
+@functools.partial(jax.jit, static_argnames=("cfg", "start", "stop", "want_cache"))
+def _run_layers(params, tokens, hidden, token_mask, memories, cfg: ModelConfig, start: int, stop: Optional[int],
+                want_cache: bool = False):
+  """Layers start..stop (stop None: to the logits) -> (logits or None, hidden after, {layer: (k, v)},
+  {layer: (keys, values, memory keys or None)} of this window when want_cache, else None)."""
   logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, token_mask=token_mask, memories=memories,
                                       mem_mode="gathered", want_mem_kv=True, stop_after=stop, start_at=start,
+                                      hidden=hidden, want_hidden=True, want_cache=want_cache)
+  return logits, aux["hidden"], aux["mem_kv"], aux.get("cache")
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "start", "stop"))
+def _decode_layers(params, tokens, hidden, cache, fill, memories, cfg: ModelConfig, start: int, stop: Optional[int]):
+  """New tokens [B, 1] through layers start..stop against each layer's cache, written at slots
+  `fill` -> (logits or None, hidden after, those layers' updated caches)."""
+  logits, aux = LlamaModel(cfg).apply({"params": params}, tokens, memories=memories, mem_mode="gathered",
+                                      cache=cache, cache_fill=fill, stop_after=stop, start_at=start,
                                       hidden=hidden, want_hidden=True)
-  return logits, aux["hidden"], aux["mem_kv"]
+  return logits, aux["hidden"], aux["cache"]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "layer"))
+def _decode_queries(params, tokens, hidden, cache, fill, cfg: ModelConfig, layer: int):
+  """Memory layer `layer`'s queries [B, 1, KV, G, D] of new tokens at cache slots `fill`."""
+  _, state = LlamaModel(cfg).apply({"params": params}, tokens, cache=cache, cache_fill=fill, stop_after=layer,
+                                   start_at=layer, hidden=hidden, mutable=["intermediates"])
+  return state["intermediates"][f"layers_{layer}"]["self_attn"]["mem_queries"][0]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "layer"))
@@ -253,26 +273,49 @@ class HostMemoryInference:
     del capacity  # the host stores grow by themselves
     return HostMemory(self.cfg, batch, self.kind, self.nprobe, self.ivf_from)
 
-  def _window(self, tok, msk, memory: HostMemory, want_logits: bool):
+  def _window(self, tok, msk, memory: HostMemory, want_logits: bool, want_cache: bool = False):
     """One window through the stack, piecewise at the memory layers -> (logits or None, its memory
-    layers' keys and values {layer: (k, v)}), which the caller adds to memory after it (a window
-    never retrieves itself: its own tokens are the local window). Without logits the stack stops
-    at the last memory layer."""
+    layers' keys and values {layer: (k, v)}, which the caller adds to memory after it (a window
+    never retrieves itself: its own tokens are the local window), and with want_cache every
+    layer's cache of the window). Without logits the stack stops at the last memory layer."""
     layers = sorted(self.cfg.mem_layers)
-    hidden, start, logits, mem_kv = None, 0, None, {}
+    hidden, start, logits, mem_kv, cache = None, 0, None, {}, {}
     tok, msk = jnp.asarray(tok), jnp.asarray(msk)
     for j, layer in enumerate(layers):
       if layer > start:
-        _, hidden, _ = _run_layers(self.params, tok, hidden, msk, None, self.cfg, start, layer - 1)
+        _, hidden, _, c = _run_layers(self.params, tok, hidden, msk, None, self.cfg, start, layer - 1, want_cache)
+        cache.update(c or {})
       # nothing to read before the first window's keys join memory: no queries to compute
       block = (memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer), self.topk, msk)
                if memory.size else None)
       stop = layers[j + 1] - 1 if j + 1 < len(layers) else (None if want_logits else layer)
-      logits, hidden, kv = _run_layers(self.params, tok, hidden, msk, None if block is None else {layer: [block]},
-                                       self.cfg, layer, stop)
+      logits, hidden, kv, c = _run_layers(self.params, tok, hidden, msk, None if block is None else {layer: [block]},
+                                          self.cfg, layer, stop, want_cache)
+      cache.update(c or {})
       mem_kv[layer] = kv[layer]
       start = None if stop is None else stop + 1
-    return logits, mem_kv
+    return (logits, mem_kv, cache) if want_cache else (logits, mem_kv)
+
+  def _decode(self, tok, cache: dict, fill, memory: HostMemory):
+    """One new token per row (tok [B, 1]) at cache slots `fill`, piecewise at the memory layers as
+    `_window`, each memory layer's queries searched in host memory -> logits [B, V]; `cache`
+    (every layer's) is updated in place."""
+    layers = sorted(self.cfg.mem_layers)
+    hidden, start, fill = None, 0, jnp.asarray(fill, jnp.int32)
+    memory.scored = (0, 1)  # the new token's queries: every one counts in the scored recall
+    for j, layer in enumerate(layers):
+      if layer > start:
+        _, hidden, c = _decode_layers(self.params, tok, hidden, cache, fill, None, self.cfg, start, layer - 1)
+        cache.update(c)
+      block = (memory.gather(layer, _decode_queries(self.params, tok, hidden, cache, fill, self.cfg, layer),
+                             self.topk) if memory.size else None)
+      stop = layers[j + 1] - 1 if j + 1 < len(layers) else None
+      logits, hidden, c = _decode_layers(self.params, tok, hidden, cache, fill,
+                                         None if block is None else {layer: [block]}, self.cfg, layer, stop)
+      cache.update(c)
+      start = None if stop is None else stop + 1
+    memory.scored = None
+    return np.asarray(logits[:, 0])
 
   def process(self, tokens, memory: HostMemory, token_mask=None, want_logits: bool = True,
               logits_from: int = 0):
@@ -302,11 +345,10 @@ class HostMemoryInference:
                eos_token_id=None):
     """MemoryInference.generate's arguments and results (prompts placed as there, the same sampling
     and eos handling), memory read through the host index: the windows before each prompt's last go
-    into memory; then every new token reruns the current window (the prompt's last tokens and the
-    new ones so far; its queries search memory again), and a full window joins memory as the next
-    token opens another. So the logits behind a token are `process`'s on that row's sequence so
-    far, placed as here. No key/value cache: a step costs one window's forward (padded to a power
-    of two), small beside reading a long prompt. Timings land in `self.stats`."""
+    into memory, the last one into a key/value cache of every layer; each new token is one query
+    against its cache and, in the memory layers, its own top-k of host memory (`_decode`); a full
+    cache joins memory as the next token opens another. So the logits behind a token are
+    `process`'s on that row's sequence so far, placed as here. Timings land in `self.stats`."""
     rows, form, eos, (toks, mask, pads) = generation_layout(prompt, self.window, max_new_tokens, temperature,
                                                            top_p, last_context_length, eos_token_id)
     w, batch = self.window, len(rows)
@@ -320,50 +362,49 @@ class HostMemoryInference:
       cols = slice(win * w, (win + 1) * w)
       _, mem_kv = self._window(toks[:, cols], mask[:, cols], memory, want_logits=False)
       memory.add(mem_kv, mask[:, cols] & (win < full)[:, None])  # a row's current window waits
-    cur, cur_mask = np.zeros((batch, w), np.int32), np.zeros((batch, w), bool)
+    # each row's current window, from column 0 (as its own window), through the stack into the cache
+    width = padded_width(self.cfg, w, int(fill.max()))
+    cur, cur_mask = np.zeros((batch, width), np.int32), np.zeros((batch, width), bool)
     for r in range(batch):
       at = slice(full[r] * w, full[r] * w + fill[r])
       cur[r, :fill[r]], cur_mask[r, :fill[r]] = toks[r, at], mask[r, at]
+    memory.scored = (int(fill[0]) - 1, int(fill[0])) if (fill == fill[0]).all() else None  # the first token's
+    logits, _, cache = self._window(cur, cur_mask, memory, want_logits=True, want_cache=True)
+    memory.scored = None
+    cache = dict(fit_slots(cache, w))
+    last = np.asarray(logits)[np.arange(batch), fill - 1]  # [B, V]: the first new token's logits
+    t1 = time.perf_counter()
     pad = eos[0] if eos else 0
     gen = np.full((batch, max_new_tokens), pad, np.int32)
-    seen, done, key, rows_at = None, np.zeros(batch, bool), jax.random.key(seed), np.arange(batch)
-    t1 = None  # prefill ends with the first forward of the current windows (the first new token's logits)
+    seen = np.zeros((batch, max_new_tokens, last.shape[-1]), np.float32) if return_logits else None
+    done, key = np.zeros(batch, bool), jax.random.key(seed)
     for step in range(max_new_tokens):
-      width = padded_width(self.cfg, w, int(fill.max()))
-      # the scored recall counts the newest token's queries: one position when the rows' fills agree
-      # (end-aligned prompts longer than last_context_length do), else none
-      memory.scored = (int(fill[0]) - 1, int(fill[0])) if (fill == fill[0]).all() else None
-      logits, mem_kv = self._window(cur[:, :width], cur_mask[:, :width], memory, want_logits=True)
-      last = np.asarray(logits)[rows_at, fill - 1]  # [B, V]
-      t1 = time.perf_counter() if t1 is None else t1
+      if step:
+        moving = fill == w  # a full window joins memory; the new token opens the next one
+        if moving.any():
+          memory.add({layer: (cache[layer][2], cache[layer][1]) for layer in self.cfg.mem_layers},
+                     np.broadcast_to(moving[:, None], (batch, w)))
+          fill = np.where(moving, 0, fill)
+        last = self._decode(jnp.asarray(gen[:, step - 1:step]), cache, fill, memory)
+        fill = fill + 1
       tok = np.where(done, pad, np.asarray(sample(last, jax.random.fold_in(key, step), temperature, top_p)))
       gen[:, step] = tok
       if return_logits:
-        seen = np.zeros((batch, max_new_tokens, last.shape[-1]), np.float32) if seen is None else seen
         seen[:, step] = np.where(done[:, None], 0.0, last)  # a done row's logits are 0
       done |= np.isin(tok, eos)
-      if step + 1 == max_new_tokens or done.all():
+      if done.all():
         break
-      moving = fill == w  # a full window joins memory; the new token opens the next one
-      if moving.any():
-        memory.add(mem_kv, cur_mask & moving[:, None])
-        cur[moving], cur_mask[moving], fill[moving] = 0, False, 0
-      cur[rows_at, fill], cur_mask[rows_at, fill] = tok, True
-      fill = fill + 1
-    memory.scored = None
     t2 = time.perf_counter()
-    t1 = t2 if t1 is None else t1
     self.hits, self.total = self.hits + memory.hits, self.total + memory.total
     self.scored_hits, self.scored_total = self.scored_hits + memory.scored_hits, self.scored_total + memory.scored_total
     made = max_new_tokens * batch
     if eos and max_new_tokens:  # up to and including each row's eos
       hit = np.isin(gen, eos)
       made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
-    # decode_s: the tokens after the first (each reruns the current window: ~ one window's prefill)
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
-                  "decode_s": t2 - t1, "tokens_per_s": max(made - batch, 0) / max(t2 - t1, 1e-9),
+                  "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9), "cache_slots": w,
                   "memory_entries": memory.size, "recall": memory.recall, "scored_recall": memory.scored_recall}
     out = generation_result(rows, gen, form)
     if not return_logits:
       return out
-    return out, (seen if seen is not None else np.zeros((batch, max_new_tokens, self.cfg.vocab_size), np.float32))
+    return out, seen

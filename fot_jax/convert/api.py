@@ -344,8 +344,8 @@ class Pretrained:
                eos_token_id=None):
     """prompt: 1-D tokens, [B, L] tokens or a list of 1-D prompts -> the same form with
     max_new_tokens appended; greedy (temperature 0) or sampled (temperature, top_p), with a
-    key/value cache of the current window (mode 'host': the window rerun per token, memory in a
-    faiss index on the host, ivf with nprobe 8) and memory of the earlier ones; the prompt's last
+    key/value cache of the current window and memory of the earlier ones (mode 'host': in a faiss
+    index on the host, ivf with nprobe 8); the prompt's last
     `last_context_length` tokens in the current window (MemoryInference.generate; 0: windows
     from token 0, as logits_with_memory); a row stops at `eos_token_id` (one id or several;
     the rest of its tokens are that id). Timings and tokens/s: `self.generation_stats`.
