@@ -23,6 +23,7 @@ a sample of queries is kept (`HostMemory.recall`).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import time
 from typing import Dict, List, Optional, Tuple
@@ -404,6 +405,8 @@ class HostMemoryInference:
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
                   "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9), "cache_slots": w,
                   "memory_entries": memory.size, "recall": memory.recall, "scored_recall": memory.scored_recall}
+    logging.info("generate (host memory): %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s, recall %s",
+                 lens.sum(), t1 - t0, made, self.stats["tokens_per_s"], self.stats["scored_recall"])
     out = generation_result(rows, gen, form)
     if not return_logits:
       return out
