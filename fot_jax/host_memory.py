@@ -39,6 +39,7 @@ from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
 
 KINDS = ("flat", "ivf")
+log = logging.getLogger(__name__)
 
 
 def ivf_lists(n: int) -> int:
@@ -405,7 +406,7 @@ class HostMemoryInference:
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
                   "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9), "cache_slots": w,
                   "memory_entries": memory.size, "recall": memory.recall, "scored_recall": memory.scored_recall}
-    logging.info("generate (host memory): %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s, recall %s",
+    log.info("generate (host memory): %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s, recall %s",
                  lens.sum(), t1 - t0, made, self.stats["tokens_per_s"], self.stats["scored_recall"])
     out = generation_result(rows, gen, form)
     if not return_logits:

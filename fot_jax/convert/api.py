@@ -16,6 +16,7 @@ from fot_jax.checkpoint import Checkpoint, ConvertError, ensure_empty_dir, read_
 from fot_jax.convert import mapping
 from fot_jax.convert.gguf_files import TensorReader, check_gguf, read_gguf
 from fot_jax.convert.hf_files import WeightReader, keep_chat_template, parse_size, write_safetensors
+from fot_jax.host_memory import HostMemoryInference
 from fot_jax.inference import MemoryInference, _prompt_rows
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
@@ -323,7 +324,6 @@ class Pretrained:
     if mode not in MEMORY_MODES + ("host",):
       raise ValueError(f"mode: must be one of {', '.join(MEMORY_MODES + ('host',))}, got {mode!r}")
     if mode == "host":  # each query's top-k from a faiss index on the host (fot_jax.host_memory): long prompts
-      from fot_jax.host_memory import HostMemoryInference
       return HostMemoryInference(self.cfg, self.params, window, topk)
     return MemoryInference(self.cfg, self.params, window, mode, topk, chunk, mem_dtype)
 

@@ -509,6 +509,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   with cli.expected_errors(PROG):
     setup_logging()
+    # fot_jax's own lines (the model read, host memory's recall and timings) beside lm-eval's
+    ours = logging.getLogger("fot_jax")
+    if not ours.handlers:
+      ours.setLevel(logging.getLogger("lm_eval").level)
+      ours.handlers, ours.propagate = list(logging.getLogger("lm_eval").handlers), False
     argv = _ruler_samples(argv)
     parser = HarnessCLI()
     saved, sys.argv = sys.argv, ["lm-eval"] + argv  # lm-eval's parser reads sys.argv
