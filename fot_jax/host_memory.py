@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fot_jax.generation import fit_slots, sample
-from fot_jax.inference import generation_layout, generation_result, padded_width, windows_of
+from fot_jax.inference import generation_layout, generation_result, new_tokens_made, padded_width, windows_of
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
 from fot_jax.model.memory import MemoryBlock
@@ -399,10 +399,7 @@ class HostMemoryInference:
     t2 = time.perf_counter()
     self.hits, self.total = self.hits + memory.hits, self.total + memory.total
     self.scored_hits, self.scored_total = self.scored_hits + memory.scored_hits, self.scored_total + memory.scored_total
-    made = max_new_tokens * batch
-    if eos and max_new_tokens:  # up to and including each row's eos
-      hit = np.isin(gen, eos)
-      made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
+    made = new_tokens_made(gen, eos)
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
                   "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9), "cache_slots": w,
                   "memory_entries": memory.size, "recall": memory.recall, "scored_recall": memory.scored_recall}

@@ -198,6 +198,14 @@ def generation_result(rows: List[np.ndarray], gen: np.ndarray, form: str):
   return out[0] if form == "1d" else np.stack(out) if form == "2d" else out
 
 
+def new_tokens_made(gen: np.ndarray, eos) -> int:
+  """New tokens generated, gen [B, N]: a row that wrote an eos counts up to and including it."""
+  if not eos or not gen.shape[1]:
+    return int(gen.size)
+  hit = np.isin(gen, eos)
+  return int(np.where(hit.any(1), hit.argmax(1) + 1, gen.shape[1]).sum())
+
+
 def padded_width(cfg: ModelConfig, window: int, n: int) -> int:
   """A last window of n tokens is padded to a power of two (at least 16); dynamic NTK keeps the
   whole window: its RoPE base depends on the window's length, padding included."""
@@ -353,10 +361,7 @@ class MemoryInference:
       step, done = int(at), np.asarray(done)
     gen = np.asarray(gen[:, :max_new_tokens])
     t2 = time.perf_counter()
-    made = max_new_tokens * batch
-    if eos and max_new_tokens:  # up to and including each row's eos
-      hit = np.isin(gen, eos)
-      made = int(np.where(hit.any(1), hit.argmax(1) + 1, max_new_tokens).sum())
+    made = new_tokens_made(gen, eos)
     self.stats = {"prompt_tokens": int(lens.sum()), "new_tokens": made, "prefill_s": t1 - t0,
                   "decode_s": t2 - t1, "tokens_per_s": made / max(t2 - t1, 1e-9), "cache_slots": slots}
     logging.info("generate: %d prompt tokens in %.2f s, %d new tokens at %.1f tokens/s", lens.sum(),
