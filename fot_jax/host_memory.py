@@ -118,6 +118,8 @@ class HostMemory:
     self.scored: Optional[Tuple[int, int]] = None  # [from, to) of the window: set by the inference
     self.scored_hits = self.scored_total = 0
     self.rng = np.random.default_rng(0)
+    # {layer: queries [B, T, KV, G, D]} of the last window read, kept when a dict (fot_jax/eval/readout.py)
+    self.seen_queries: Optional[Dict[int, np.ndarray]] = None
 
   @property
   def size(self) -> int:
@@ -152,6 +154,8 @@ class HostMemory:
     if k == 0:
       return None
     q = np.asarray(queries, np.float32)
+    if self.seen_queries is not None:
+      self.seen_queries[layer] = q
     b, t, kv, g, d = q.shape
     keys = np.zeros((b, kv, g, t, k, d), np.float32)
     values = np.zeros((b, kv, g, t, k, d), np.float32)

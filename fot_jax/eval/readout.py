@@ -1,0 +1,175 @@
+"""What the memory layers read at an answer: why a long prompt's answer is missed.
+
+For a prompt whose answer occurs verbatim earlier in it (a passkey, a needle), every window but the
+last goes into host memory (fot_jax/host_memory.py, as `--eval.mode=host` reads it), then the last
+window (question and answer, end-aligned as the suites place them) is read again and again:
+
+* per memory layer and answer token, the *target* entries: the memory entries holding that token in
+  the answer's occurrences in the prompt (the entries a copy should read). Over the layer's query
+  heads, the best exact rank of a target among all memory entries (0: the top score) and the largest
+  share of the top-k softmax (memory entries only) that lands on targets, with the tokens of that
+  head's top entries;
+* the teacher-forced answer (argmax at each answer position, as the passkey suite scores) when the
+  last window reads top-k of memory for each k of `ks`, memory itself fixed: it was written with
+  the inference's own top-k, so only the reading at the question changes.
+
+So a miss is told apart: the target ranked low (the keys: a training matter), ranked high but
+sharing the softmax with look-alikes (more k hurts, less helps), or read and still not copied.
+
+  python -m fot_jax.eval.readout --checkpoint runs/smollm2_retrieval/fot --length 65536 \\
+      --depths 0.1,0.35,0.6,0.85 --window 512 --ks 1,4,8,16,32,64,128 --out W/readout.json
+
+The prompts are the passkey suite's (`--eval.seed`'s default 0: the same keys as
+`python -m fot_jax.evaluate --suite=passkey` with those lengths and depths, one trial each).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from fot_jax.host_memory import HostMemoryInference
+from fot_jax.inference import end_aligned
+
+
+def occurrences(ids: np.ndarray, answer: np.ndarray, before: int) -> List[int]:
+  """Start indices s (s + len(answer) <= before) where ids[s:s + len(answer)] == answer."""
+  n = len(answer)
+  return [s for s in range(0, before - n + 1) if np.array_equal(ids[s:s + n], answer)]
+
+
+def _targets_read(store, q, targets: np.ndarray, topk: int) -> Dict:
+  """One layer, one answer position: q [KV, G, D] (scaled queries) against the row's memory ->
+  the best rank of a target over query heads, the largest top-k softmax share on targets, its
+  head and that head's top entries (indices)."""
+  keys = store.keys[:store.size]  # [N, KV, D]
+  kv, g, _ = q.shape
+  best = {"rank": None, "mass": -1.0, "head": None, "top": []}
+  k = min(topk, store.size)
+  for h in range(kv):
+    scores = keys[:, h] @ q[h].T  # [N, G]
+    for j in range(g):
+      s = scores[:, j]
+      rank = int((s > s[targets].max()).sum())
+      top = np.argpartition(-s, k - 1)[:k]
+      top = top[np.argsort(-s[top])]
+      p = np.exp(s[top] - s[top[0]])
+      mass = float(p[np.isin(top, targets)].sum() / p.sum())
+      if best["rank"] is None or rank < best["rank"]:
+        best["rank"] = rank
+      if mass > best["mass"]:
+        best.update(mass=mass, head=h * g + j, top=top[:5].tolist())
+  return best
+
+
+def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_start: int,
+             ks: Sequence[int]) -> Dict:
+  """ids: bos + prompt + answer (retrieval.encode), the answer from answer_start -> the readout
+  (module docstring) as a dict."""
+  ids = np.asarray(ids, np.int32)
+  answer = ids[answer_start:]
+  occ = occurrences(ids, answer, answer_start)
+  if not occ:
+    raise ValueError("readout: the answer's tokens do not occur in the prompt (nothing to read back)")
+  w = inference.window
+  placed, mask, pads = end_aligned([ids], w, w)
+  if placed.shape[1] <= w:
+    raise ValueError(f"readout: the prompt fits one window of {w} tokens: memory holds nothing")
+  pad, col0 = int(pads[0]), placed.shape[1] - w
+  if min(occ) + len(answer) > col0 - pad:
+    raise ValueError("readout: an occurrence of the answer lies in the question's own window, not in memory")
+  memory = inference.new_memory(1)
+  t0 = time.perf_counter()
+  inference.process(placed[:, :col0], memory, mask[:, :col0], want_logits=False)
+  build_s = time.perf_counter() - t0
+  last, last_mask = placed[:, col0:], mask[:, col0:]
+  # the columns (in the last window) whose logits predict each answer token
+  cols = np.arange(answer_start, len(ids)) + pad - col0 - 1
+  own = inference.topk
+  memory.seen_queries = {}
+  inference._window(last, last_mask, memory, want_logits=False)  # the queries at the inference's own k
+  seen, memory.seen_queries = memory.seen_queries, None
+  layers = {}
+  for layer in sorted(seen):
+    store = memory.stores[0][layer]
+    per_token = []
+    for j, c in enumerate(cols):
+      r = _targets_read(store, seen[layer][0, c], np.asarray([s + j for s in occ]), own)
+      r["top_tokens"] = [vocab.decode([int(ids[e])]) for e in r.pop("top")]
+      r["token"] = vocab.decode([int(answer[j])])
+      per_token.append(r)
+    layers[str(layer)] = per_token
+  by_k = {}
+  try:
+    for k in ks:
+      inference.topk = int(k)
+      logits, _ = inference._window(last, last_mask, memory, want_logits=True)
+      pred = np.argmax(np.asarray(logits)[0, cols], -1)
+      by_k[str(k)] = {"answer": vocab.decode([int(x) for x in pred]), "correct": bool(np.array_equal(pred, answer))}
+  finally:
+    inference.topk = own
+  return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
+          "expected": vocab.decode([int(x) for x in answer]), "topk": own, "layers": layers, "by_k": by_k,
+          "recall": memory.recall, "build_s": build_s}
+
+
+def summary_lines(name: str, r: Dict) -> List[str]:
+  """A readable digest of one readout: per layer, the first answer token's target rank and mass;
+  the answer at each k."""
+  out = [f"{name}: {r['tokens']:,} tokens, expected {r['expected']!r}, memory {r['memory_entries']:,} entries"]
+  for layer, toks in r["layers"].items():
+    first = toks[0]
+    ranks = " ".join(str(t["rank"]) for t in toks)
+    out.append(f"  layer {layer}: first token {first['token']!r}: rank {first['rank']}, top-{r['topk']} mass "
+               f"{first['mass']:.2f} (head {first['head']}; top {first['top_tokens']}); ranks by token: {ranks}")
+  out.append("  answer by k: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'}"
+                                          for k, v in r["by_k"].items()))
+  return out
+
+
+def main(argv=None) -> None:
+  import argparse
+  ap = argparse.ArgumentParser(prog="python -m fot_jax.eval.readout", description=__doc__.split("\n\n")[0])
+  ap.add_argument("--checkpoint", required=True)
+  ap.add_argument("--length", type=int, required=True, help="prompt length in tokens (the passkey suite's)")
+  ap.add_argument("--depths", default="0.5", help="comma-separated key depths in [0, 1] (one prompt each)")
+  ap.add_argument("--window", type=int, default=512)
+  ap.add_argument("--topk", type=int, default=32, help="the top-k memory is written with")
+  ap.add_argument("--ks", default="1,4,8,16,32,64,128", help="top-k values the question's window is read with")
+  ap.add_argument("--index", default="ivf", choices=("flat", "ivf"))
+  ap.add_argument("--nprobe", type=int, default=8)
+  ap.add_argument("--seed", type=int, default=0, help="the passkey suite's seed (--eval.seed)")
+  ap.add_argument("--out", default=None, help="JSON file for the readouts")
+  a = ap.parse_args(argv)
+  try:
+    depths = [float(x) for x in a.depths.split(",")]
+    ks = [int(x) for x in a.ks.split(",")]
+  except ValueError:
+    ap.error(f"--depths and --ks are comma-separated numbers, got {a.depths!r} / {a.ks!r}")
+  if not all(0 <= d <= 1 for d in depths) or min(ks) < 1 or a.length < 1:
+    ap.error("depths lie in [0, 1], every k and the length are positive")
+  from fot_jax.convert.api import from_pretrained
+  from fot_jax.eval import passkey, retrieval
+  model = from_pretrained(a.checkpoint)
+  vocab = model.vocab
+  inference = HostMemoryInference(model.cfg, model.params, a.window, a.topk, a.index, a.nprobe)
+  make_prompt = passkey.make_prompt_fn(vocab)
+  results = []
+  for di, depth in enumerate(depths):
+    rng = np.random.default_rng([a.seed, a.length, di])  # retrieval.grid's seeding: the suite's prompts
+    prompt, ans = make_prompt(a.length, depth, rng)
+    ids, start = retrieval.encode(vocab, prompt, ans)
+    r = dict(read_out(inference, vocab, ids, start, ks), depth=depth, length=a.length)
+    results.append(r)
+    print("\n".join(summary_lines(f"passkey {a.length:,} depth {depth}", r)), flush=True)
+    if a.out:
+      os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+      with open(a.out, "w") as f:
+        json.dump({"checkpoint": a.checkpoint, "window": a.window, "index": a.index, "readouts": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,75 @@
+"""The memory readout (fot_jax/eval/readout.py): its answers at each k are what a whole read with that
+top-k answers (the passkey suite's own path), and its top entries are the index's own choice."""
+import numpy as np
+import pytest
+
+from fot_jax.eval import readout
+from fot_jax.eval.retrieval import InferenceModel
+from fot_jax.host_memory import HostMemoryInference
+from fot_jax.inference import MemoryInference
+from tests.test_host_memory import WINDOW, _model
+
+
+class _Vocab:
+  def decode(self, ids):
+    return " ".join(str(i) for i in ids)
+
+
+def _prompt():
+  """bos, random tokens with the answer planted twice in the first window, then the answer: 3 windows and 5."""
+  rng = np.random.default_rng(1)
+  ids = rng.integers(1, 64, 3 * WINDOW + 5).astype(np.int32)
+  answer = np.array([60, 61, 62, 63], np.int32)
+  ids[3:7], ids[20:24], ids[-4:] = answer, answer, answer
+  return ids, len(ids) - 4
+
+
+def _suite_answer(inference, ids, start):
+  """The passkey suite's argmax at the answer's positions (InferenceModel.answer_logits)."""
+  got = InferenceModel(inference).answer_logits(ids[None], np.ones((1, len(ids)), bool), [start])[0]
+  return " ".join(str(int(x)) for x in np.argmax(got[:len(ids) - start], -1))
+
+
+def test_the_readout_answers_as_a_whole_read_with_each_k():
+  cfg, params = _model((1,))  # keys of layer 1 do not depend on memory: memory is the same for every k
+  ids, start = _prompt()
+  inf = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="flat")
+  r = readout.read_out(inf, _Vocab(), ids, start, ks=(1, 4, 1000))
+  assert r["occurrences"] == [3, 20] and r["expected"] == "60 61 62 63" and inf.topk == 4
+  for k in (1, 4):
+    assert r["by_k"][str(k)]["answer"] == _suite_answer(HostMemoryInference(cfg, params, WINDOW, k, "flat"), ids, start)
+  # k past memory: dense memory's answer
+  assert r["by_k"]["1000"]["answer"] == _suite_answer(MemoryInference(cfg, params, WINDOW, "dense"), ids, start)
+  (per_token,) = r["layers"].values()
+  assert [t["token"] for t in per_token] == ["60", "61", "62", "63"]
+  for t in per_token:
+    assert t["rank"] >= 0 and 0.0 <= t["mass"] <= 1.0 and len(t["top_tokens"]) == 4
+
+
+def test_the_readouts_top_entries_are_the_indexs():
+  """The top entries the readout ranks by its own scores are those faiss's exact search returns."""
+  cfg, params = _model((1,))
+  ids, start = _prompt()
+  inf = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="flat")
+  memory = inf.new_memory(1)
+  inf.process(ids[None, :2 * WINDOW], memory)  # two windows in memory, the third reads it
+  memory.seen_queries = {}
+  inf._window(ids[None, 2 * WINDOW:3 * WINDOW], np.ones((1, WINDOW), bool), memory, want_logits=False)
+  q = memory.seen_queries[1][0, 5]  # [KV, G, D]
+  store = memory.stores[0][1]
+  got = readout._targets_read(store, q, np.array([0]), 4)
+  head = got["head"]
+  kv, g = divmod(head, q.shape[1])
+  assert sorted(got["top"]) == sorted(store.search(q, 4)[kv, g].tolist())
+
+
+def test_readout_refuses_what_it_cannot_read():
+  cfg, params = _model((1,))
+  ids, start = _prompt()
+  inf = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="flat")
+  absent = ids.copy()
+  absent[3:7] = absent[20:24] = 1
+  with pytest.raises(ValueError, match="do not occur"):
+    readout.read_out(inf, _Vocab(), absent, start, ks=(4,))
+  with pytest.raises(ValueError, match="one window"):
+    readout.read_out(inf, _Vocab(), np.concatenate([ids[:11], ids[-4:]]), 11, ks=(4,))
