@@ -24,6 +24,7 @@ The prompts are the passkey suite's (`--eval.seed`'s default 0: the same keys as
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -31,6 +32,8 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from fot_jax.convert.api import from_pretrained
+from fot_jax.eval import passkey, retrieval
 from fot_jax.host_memory import HostMemoryInference
 from fot_jax.inference import end_aligned
 
@@ -131,7 +134,6 @@ def summary_lines(name: str, r: Dict) -> List[str]:
 
 
 def main(argv=None) -> None:
-  import argparse
   ap = argparse.ArgumentParser(prog="python -m fot_jax.eval.readout", description=__doc__.split("\n\n")[0])
   ap.add_argument("--checkpoint", required=True)
   ap.add_argument("--length", type=int, required=True, help="prompt length in tokens (the passkey suite's)")
@@ -141,6 +143,8 @@ def main(argv=None) -> None:
   ap.add_argument("--ks", default="1,4,8,16,32,64,128", help="top-k values the question's window is read with")
   ap.add_argument("--index", default="ivf", choices=("flat", "ivf"))
   ap.add_argument("--nprobe", type=int, default=8)
+  ap.add_argument("--mem_layers", default=None, help="comma-separated 0-based memory layers over the checkpoint's "
+                  "(e.g. an import's; memory keys then at position 0, as LongLLaMA's)")
   ap.add_argument("--seed", type=int, default=0, help="the passkey suite's seed (--eval.seed)")
   ap.add_argument("--out", default=None, help="JSON file for the readouts")
   a = ap.parse_args(argv)
@@ -151,9 +155,13 @@ def main(argv=None) -> None:
     ap.error(f"--depths and --ks are comma-separated numbers, got {a.depths!r} / {a.ks!r}")
   if not all(0 <= d <= 1 for d in depths) or min(ks) < 1 or a.length < 1:
     ap.error("depths lie in [0, 1], every k and the length are positive")
-  from fot_jax.convert.api import from_pretrained
-  from fot_jax.eval import passkey, retrieval
-  model = from_pretrained(a.checkpoint)
+  overrides = {}
+  if a.mem_layers:
+    try:
+      overrides = {"mem_layers": tuple(int(x) for x in a.mem_layers.split(",")), "mem_positions": "first"}
+    except ValueError:
+      ap.error(f"--mem_layers is comma-separated layer numbers, got {a.mem_layers!r}")
+  model = from_pretrained(a.checkpoint, **overrides)
   vocab = model.vocab
   inference = HostMemoryInference(model.cfg, model.params, a.window, a.topk, a.index, a.nprobe)
   make_prompt = passkey.make_prompt_fn(vocab)
