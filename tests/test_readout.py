@@ -71,5 +71,34 @@ def test_readout_refuses_what_it_cannot_read():
   absent[3:7] = absent[20:24] = 1
   with pytest.raises(ValueError, match="do not occur"):
     readout.read_out(inf, _Vocab(), absent, start, ks=(4,))
+  late = absent.copy()
+  late[-12:-8] = ids[-4:]  # only in the question's window
+  with pytest.raises(ValueError, match="only in the question's own window"):
+    readout.read_out(inf, _Vocab(), late, start, ks=(4,))
   with pytest.raises(ValueError, match="one window"):
     readout.read_out(inf, _Vocab(), np.concatenate([ids[:11], ids[-4:]]), 11, ks=(4,))
+
+
+def test_the_readout_cli_reads_the_passkey_suites_prompts(tmp_path):
+  """`python -m fot_jax.eval.readout` on a checkpoint: its prompt is the passkey suite's (same seed
+  and depth), and its answer at the inference's own k is the suite's through host memory."""
+  import dataclasses
+  import json
+
+  from fot_jax.eval import suite
+  from test_eval_suite import _tiny_run
+  ck, c = _tiny_run(tmp_path)
+  c = dataclasses.replace(c, topk=4, mode="host", host_index="flat", window=64,
+                          passkey=dataclasses.replace(c.passkey, lengths=(300,), depths=(0.5,)))
+  out = tmp_path / "r.json"
+  readout.main(["--checkpoint", ck, "--length", "300", "--depths", "0.5", "--window", "64", "--topk", "4",
+                "--ks", "2,4", "--index", "flat", "--mem_layers", "1", "--vocab", "byte", "--out", str(out)])
+  (r,) = json.loads(out.read_text())["readouts"]
+  from fot_jax import checkpoint
+  ck_mem = str(tmp_path / "ck_mem")  # the same weights with memory layer 1, as --mem_layers reads them
+  loaded = checkpoint.load(ck)
+  checkpoint.save(ck_mem, loaded.params, dataclasses.replace(loaded.cfg, mem_layers=(1,), mem_positions="first"), 16)
+  (p,) = suite.run(ck_mem, ["passkey"], str(tmp_path / "w"), c, name="host")["passkey"]["prompts"]
+  assert r["expected"] == p["expected"] and r["tokens"] == p["tokens"]
+  assert r["by_k"]["4"]["answer"] == p["answer"] and r["by_k"]["4"]["correct"] == p["correct"]
+  assert set(r["layers"]) == {"1"} and len(r["layers"]["1"]) == len(p["expected"])  # bytes: a token a character

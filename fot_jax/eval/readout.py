@@ -82,8 +82,9 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   if placed.shape[1] <= w:
     raise ValueError(f"readout: the prompt fits one window of {w} tokens: memory holds nothing")
   pad, col0 = int(pads[0]), placed.shape[1] - w
-  if min(occ) + len(answer) > col0 - pad:
-    raise ValueError("readout: an occurrence of the answer lies in the question's own window, not in memory")
+  occ = [s for s in occ if s + len(answer) <= col0 - pad]  # those in memory (entry e holds ids[e])
+  if not occ:
+    raise ValueError("readout: the answer occurs only in the question's own window, not in memory")
   memory = inference.new_memory(1)
   t0 = time.perf_counter()
   inference.process(placed[:, :col0], memory, mask[:, :col0], want_logits=False)
@@ -145,6 +146,7 @@ def main(argv=None) -> None:
   ap.add_argument("--nprobe", type=int, default=8)
   ap.add_argument("--mem_layers", default=None, help="comma-separated 0-based memory layers over the checkpoint's "
                   "(e.g. an import's; memory keys then at position 0, as LongLLaMA's)")
+  ap.add_argument("--vocab", default="", help="vocabulary spec (default: the checkpoint's own, as the suites read it)")
   ap.add_argument("--seed", type=int, default=0, help="the passkey suite's seed (--eval.seed)")
   ap.add_argument("--out", default=None, help="JSON file for the readouts")
   a = ap.parse_args(argv)
@@ -162,7 +164,7 @@ def main(argv=None) -> None:
     except ValueError:
       ap.error(f"--mem_layers is comma-separated layer numbers, got {a.mem_layers!r}")
   model = from_pretrained(a.checkpoint, **overrides)
-  vocab = model.vocab
+  vocab = model.vocabulary(a.vocab)
   inference = HostMemoryInference(model.cfg, model.params, a.window, a.topk, a.index, a.nprobe)
   make_prompt = passkey.make_prompt_fn(vocab)
   results = []
