@@ -61,6 +61,14 @@ def test_the_readouts_top_entries_are_the_indexs():
   head = got["head"]
   kv, g = divmod(head, q.shape[1])
   assert sorted(got["top"]) == sorted(store.search(q, 4)[kv, g].tolist())
+  # the shares by k: the own k's is `mass`; k past memory is the whole memory's softmax
+  targets = np.array([3, 20])
+  got = readout._targets_read(store, q, targets, 4, ks=(1, 4, 10 ** 6))
+  assert got["mass_by_k"]["4"] == pytest.approx(got["mass"])
+  scores = np.einsum("nhd,hgd->hgn", store.keys[:store.size], q)
+  soft = np.exp(scores - scores.max(-1, keepdims=True))
+  dense = (soft[..., targets].sum(-1) / soft.sum(-1)).max()
+  assert got["mass_by_k"][str(10 ** 6)] == pytest.approx(dense, rel=1e-5)
 
 
 def test_readout_refuses_what_it_cannot_read():

@@ -44,27 +44,30 @@ def occurrences(ids: np.ndarray, answer: np.ndarray, before: int) -> List[int]:
   return [s for s in range(0, before - n + 1) if np.array_equal(ids[s:s + n], answer)]
 
 
-def _targets_read(store, q, targets: np.ndarray, topk: int) -> Dict:
+def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = ()) -> Dict:
   """One layer, one answer position: q [KV, G, D] (scaled queries) against the row's memory ->
   the best rank of a target over query heads, the largest top-k softmax share on targets, its
-  head and that head's top entries (indices)."""
+  head and that head's top entries (indices); `mass_by_k`: the largest share at each k of ks."""
   keys = store.keys[:store.size]  # [N, KV, D]
   kv, g, _ = q.shape
-  best = {"rank": None, "mass": -1.0, "head": None, "top": []}
-  k = min(topk, store.size)
+  best = {"rank": None, "mass": -1.0, "head": None, "top": [], "mass_by_k": {str(k): 0.0 for k in ks}}
+  widest = min(max([topk, *ks]), store.size)
   for h in range(kv):
     scores = keys[:, h] @ q[h].T  # [N, G]
     for j in range(g):
       s = scores[:, j]
       rank = int((s > s[targets].max()).sum())
-      top = np.argpartition(-s, k - 1)[:k]
+      top = np.argpartition(-s, widest - 1)[:widest]
       top = top[np.argsort(-s[top])]
       p = np.exp(s[top] - s[top[0]])
-      mass = float(p[np.isin(top, targets)].sum() / p.sum())
+      hit = np.isin(top, targets)
+      share = lambda k: float(p[:k][hit[:k]].sum() / p[:k].sum())
       if best["rank"] is None or rank < best["rank"]:
         best["rank"] = rank
-      if mass > best["mass"]:
-        best.update(mass=mass, head=h * g + j, top=top[:5].tolist())
+      if share(topk) > best["mass"]:
+        best.update(mass=share(topk), head=h * g + j, top=top[:min(5, topk)].tolist())
+      for k in ks:
+        best["mass_by_k"][str(k)] = max(best["mass_by_k"][str(k)], share(k))
   return best
 
 
@@ -101,7 +104,7 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
     store = memory.stores[0][layer]
     per_token = []
     for j, c in enumerate(cols):
-      r = _targets_read(store, seen[layer][0, c], np.asarray([s + j for s in occ]), own)
+      r = _targets_read(store, seen[layer][0, c], np.asarray([s + j for s in occ]), own, ks)
       r["top_tokens"] = [vocab.decode([int(ids[e])]) for e in r.pop("top")]
       r["token"] = vocab.decode([int(answer[j])])
       per_token.append(r)
@@ -129,6 +132,8 @@ def summary_lines(name: str, r: Dict) -> List[str]:
     ranks = " ".join(str(t["rank"]) for t in toks)
     out.append(f"  layer {layer}: first token {first['token']!r}: rank {first['rank']}, top-{r['topk']} mass "
                f"{first['mass']:.2f} (head {first['head']}; top {first['top_tokens']}); ranks by token: {ranks}")
+  share = {k: max(t[0]["mass_by_k"][k] for t in r["layers"].values()) for k in r["by_k"]}
+  out.append("  first token's largest target share by k: " + ", ".join(f"{k}: {v:.2f}" for k, v in share.items()))
   out.append("  answer by k: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'}"
                                           for k, v in r["by_k"].items()))
   return out
