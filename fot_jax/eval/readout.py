@@ -11,7 +11,9 @@ window (question and answer, end-aligned as the suites place them) is read again
   head's top entries;
 * the teacher-forced answer (argmax at each answer position, as the passkey suite scores) when the
   last window reads top-k of memory for each k of `ks`, memory itself fixed: it was written with
-  the inference's own top-k, so only the reading at the question changes.
+  the inference's own top-k, so only the reading at the question changes;
+* the answer with one memory layer's read left out at the question's window (that layer attends to
+  its local window only), and with every one's left out (the window alone).
 
 So a miss is told apart: the target ranked low (the keys: a training matter), ranked high but
 sharing the softmax with look-alikes (more k hurts, less helps), or read and still not copied.
@@ -118,9 +120,30 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
       by_k[str(k)] = {"answer": vocab.decode([int(x) for x in pred]), "correct": bool(np.array_equal(pred, answer))}
   finally:
     inference.topk = own
+  # the answer with one memory layer's read (or every one's) left out at the question's window
+  off = {}
+  for name in [str(layer) for layer in sorted(seen)] + ["all"]:
+    quiet = set(seen) if name == "all" else {int(name)}
+    logits, _ = inference._window(last, last_mask, _Silenced(memory, quiet), want_logits=True)
+    pred = np.argmax(np.asarray(logits)[0, cols], -1)
+    off[name] = {"answer": vocab.decode([int(x) for x in pred]), "correct": bool(np.array_equal(pred, answer))}
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
           "expected": vocab.decode([int(x) for x in answer]), "topk": own, "layers": layers, "by_k": by_k,
-          "recall": memory.recall, "build_s": build_s}
+          "layer_off": off, "recall": memory.recall, "build_s": build_s}
+
+
+class _Silenced:
+  """A HostMemory whose `layers` read nothing (their attention sees the local window only)."""
+
+  def __init__(self, memory, layers):
+    self.memory, self.layers = memory, layers
+
+  @property
+  def size(self):
+    return self.memory.size
+
+  def gather(self, layer, *args, **kwargs):
+    return None if layer in self.layers else self.memory.gather(layer, *args, **kwargs)
 
 
 def summary_lines(name: str, r: Dict) -> List[str]:
@@ -134,8 +157,9 @@ def summary_lines(name: str, r: Dict) -> List[str]:
                f"{first['mass']:.2f} (head {first['head']}; top {first['top_tokens']}); ranks by token: {ranks}")
   share = {k: max(t[0]["mass_by_k"][k] for t in r["layers"].values()) for k in r["by_k"]}
   out.append("  first token's largest target share by k: " + ", ".join(f"{k}: {v:.2f}" for k, v in share.items()))
-  out.append("  answer by k: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'}"
-                                          for k, v in r["by_k"].items()))
+  for what, key in (("answer by k", "by_k"), ("answer with a layer's memory left out", "layer_off")):
+    out.append(f"  {what}: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'}"
+                                         for k, v in r[key].items()))
   return out
 
 
