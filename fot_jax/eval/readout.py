@@ -73,6 +73,17 @@ def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = 
   return best
 
 
+def _answered(vocab, logits: np.ndarray, answer: np.ndarray) -> Dict:
+  """logits [A, V] at the answer's positions -> the argmax answer, right or not, and the first
+  token's margin: its logit minus the best other token's (negative: another token is written)."""
+  pred = np.argmax(logits, -1)
+  first = logits[0].copy()
+  want = float(first[answer[0]])
+  first[answer[0]] = -np.inf
+  return {"answer": vocab.decode([int(x) for x in pred]), "correct": bool(np.array_equal(pred, answer)),
+          "first_margin": want - float(first.max())}
+
+
 def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_start: int,
              ks: Sequence[int]) -> Dict:
   """ids: bos + prompt + answer (retrieval.encode), the answer from answer_start -> the readout
@@ -116,8 +127,7 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
     for k in ks:
       inference.topk = int(k)
       logits, _ = inference._window(last, last_mask, memory, want_logits=True)
-      pred = np.argmax(np.asarray(logits)[0, cols], -1)
-      by_k[str(k)] = {"answer": vocab.decode([int(x) for x in pred]), "correct": bool(np.array_equal(pred, answer))}
+      by_k[str(k)] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   finally:
     inference.topk = own
   # the answer with one memory layer's read (or every one's) left out at the question's window
@@ -125,8 +135,7 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   for name in [str(layer) for layer in sorted(seen)] + ["all"]:
     quiet = set(seen) if name == "all" else {int(name)}
     logits, _ = inference._window(last, last_mask, _Silenced(memory, quiet), want_logits=True)
-    pred = np.argmax(np.asarray(logits)[0, cols], -1)
-    off[name] = {"answer": vocab.decode([int(x) for x in pred]), "correct": bool(np.array_equal(pred, answer))}
+    off[name] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
           "expected": vocab.decode([int(x) for x in answer]), "topk": own, "layers": layers, "by_k": by_k,
           "layer_off": off, "recall": memory.recall, "build_s": build_s}
@@ -158,7 +167,7 @@ def summary_lines(name: str, r: Dict) -> List[str]:
   share = {k: max(t[0]["mass_by_k"][k] for t in r["layers"].values()) for k in r["by_k"]}
   out.append("  first token's largest target share by k: " + ", ".join(f"{k}: {v:.2f}" for k, v in share.items()))
   for what, key in (("answer by k", "by_k"), ("answer with a layer's memory left out", "layer_off")):
-    out.append(f"  {what}: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'}"
+    out.append(f"  {what}: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'} ({v['first_margin']:+.2f})"
                                          for k, v in r[key].items()))
   return out
 
