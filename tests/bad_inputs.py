@@ -106,7 +106,7 @@ MAIN, EVAL, CONV, STUDY_M = "fot_jax.main", "fot_jax.evaluate", "fot_jax.convert
 PREVIEW, TOKENIZER = "data_pipelines.preview", "data_pipelines.train_tokenizer"
 TINY = "--config={T}/tiny_lm.py"
 PREVIEW_SMALL = ["--slots=1", "--windows=1", "--seq_len=8", "--batches=1"]
-ASK, HARNESS = "fot_jax.ask", "fot_jax.eval.lm_harness"
+ASK, HARNESS, READOUT = "fot_jax.ask", "fot_jax.eval.lm_harness", "fot_jax.eval.readout"
 SWEEP, TPU = "launch.sweep", "launch.tpu"
 QUESTION = "What does f return?"
 LONG_QUESTION = ("In the code above, what value does the function f return when it is called with the argument 41, "
@@ -221,6 +221,11 @@ CASES = [
     Case("lm_harness_missing_checkpoint", "--model_args checkpoint= a path that does not exist", HARNESS,
          ["--model", "fot_jax", "--model_args", "checkpoint={T}/nowhere,window=32"] + HARNESS_TASKS,
          ("checkpoint", "{T}/nowhere")),
+    Case("readout_missing_checkpoint", "--checkpoint does not exist", READOUT,
+         ["--checkpoint={T}/nowhere", "--length=300"], ("{T}/nowhere",)),
+    Case("readout_prompt_in_one_window", "--length 40 with --window 512: memory holds nothing", READOUT,
+         ["--checkpoint={T}/trained/fot", "--length=40", "--mem_layers=0", "--vocab=byte"], ("one window",),
+         needs=("trained",)),
     # ---- issue 33: your corpus, checked before the first step
     Case("main_misspelt_field", "--config.train.stpes=3 (a field that does not exist)", MAIN,
          ["--config=experiments/stdlib_lm_tiny.py", "--config.train.stpes=3", "--workdir={T}/w_typo"],

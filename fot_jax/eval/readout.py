@@ -34,10 +34,13 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from fot_jax.cli import expected_errors
 from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import passkey, retrieval
 from fot_jax.host_memory import HostMemoryInference
 from fot_jax.inference import end_aligned
+
+PROG = "fot_jax.eval.readout"
 
 
 def occurrences(ids: np.ndarray, answer: np.ndarray, before: int) -> List[int]:
@@ -173,7 +176,7 @@ def summary_lines(name: str, r: Dict) -> List[str]:
 
 
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(prog="python -m fot_jax.eval.readout", description=__doc__.split("\n\n")[0])
+  ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
   ap.add_argument("--checkpoint", required=True)
   ap.add_argument("--length", type=int, required=True, help="prompt length in tokens (the passkey suite's)")
   ap.add_argument("--depths", default="0.5", help="comma-separated key depths in [0, 1] (one prompt each)")
@@ -201,22 +204,23 @@ def main(argv=None) -> None:
       overrides = {"mem_layers": tuple(int(x) for x in a.mem_layers.split(",")), "mem_positions": "first"}
     except ValueError:
       ap.error(f"--mem_layers is comma-separated layer numbers, got {a.mem_layers!r}")
-  model = from_pretrained(a.checkpoint, **overrides)
-  vocab = model.vocabulary(a.vocab)
-  inference = HostMemoryInference(model.cfg, model.params, a.window, a.topk, a.index, a.nprobe)
-  make_prompt = passkey.make_prompt_fn(vocab)
-  results = []
-  for di, depth in enumerate(depths):
-    rng = np.random.default_rng([a.seed, a.length, di])  # retrieval.grid's seeding: the suite's prompts
-    prompt, ans = make_prompt(a.length, depth, rng)
-    ids, start = retrieval.encode(vocab, prompt, ans)
-    r = dict(read_out(inference, vocab, ids, start, ks), depth=depth, length=a.length)
-    results.append(r)
-    print("\n".join(summary_lines(f"passkey {a.length:,} depth {depth}", r)), flush=True)
-    if a.out:
-      os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-      with open(a.out, "w") as f:
-        json.dump({"checkpoint": a.checkpoint, "window": a.window, "index": a.index, "readouts": results}, f, indent=1)
+  with expected_errors(PROG):  # a missing checkpoint, a prompt memory cannot hold: one line, no traceback
+    model = from_pretrained(a.checkpoint, **overrides)
+    vocab = model.vocabulary(a.vocab)
+    inference = HostMemoryInference(model.cfg, model.params, a.window, a.topk, a.index, a.nprobe)
+    make_prompt = passkey.make_prompt_fn(vocab)
+    results = []
+    for di, depth in enumerate(depths):
+      rng = np.random.default_rng([a.seed, a.length, di])  # retrieval.grid's seeding: the suite's prompts
+      prompt, ans = make_prompt(a.length, depth, rng)
+      ids, start = retrieval.encode(vocab, prompt, ans)
+      r = dict(read_out(inference, vocab, ids, start, ks), depth=depth, length=a.length)
+      results.append(r)
+      print("\n".join(summary_lines(f"passkey {a.length:,} depth {depth}", r)), flush=True)
+      if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+          json.dump({"checkpoint": a.checkpoint, "window": a.window, "index": a.index, "readouts": results}, f, indent=1)
 
 
 if __name__ == "__main__":
