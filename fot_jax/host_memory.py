@@ -279,11 +279,13 @@ class HostMemoryInference:
     del capacity  # the host stores grow by themselves
     return HostMemory(self.cfg, batch, self.kind, self.nprobe, self.ivf_from)
 
-  def _window(self, tok, msk, memory: HostMemory, want_logits: bool, want_cache: bool = False):
+  def _window(self, tok, msk, memory: HostMemory, want_logits: bool, want_cache: bool = False,
+              topk: Optional[int] = None):
     """One window through the stack, piecewise at the memory layers -> (logits or None, its memory
     layers' keys and values {layer: (k, v)}, which the caller adds to memory after it (a window
     never retrieves itself: its own tokens are the local window), and with want_cache every
-    layer's cache of the window). Without logits the stack stops at the last memory layer."""
+    layer's cache of the window). Without logits the stack stops at the last memory layer. topk:
+    the entries each query reads (default: the inference's own)."""
     layers = sorted(self.cfg.mem_layers)
     hidden, start, logits, mem_kv, cache = None, 0, None, {}, {}
     tok, msk = jnp.asarray(tok), jnp.asarray(msk)
@@ -292,8 +294,8 @@ class HostMemoryInference:
         _, hidden, _, c = _run_layers(self.params, tok, hidden, msk, None, self.cfg, start, layer - 1, want_cache)
         cache.update(c or {})
       # nothing to read before the first window's keys join memory: no queries to compute
-      block = (memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer), self.topk, msk)
-               if memory.size else None)
+      block = (memory.gather(layer, _layer_queries(self.params, tok, hidden, msk, self.cfg, layer),
+                             topk or self.topk, msk) if memory.size else None)
       stop = layers[j + 1] - 1 if j + 1 < len(layers) else (None if want_logits else layer)
       logits, hidden, kv, c = _run_layers(self.params, tok, hidden, msk, None if block is None else {layer: [block]},
                                           self.cfg, layer, stop, want_cache)

@@ -126,13 +126,9 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
       per_token.append(r)
     layers[str(layer)] = per_token
   by_k = {}
-  try:
-    for k in ks:
-      inference.topk = int(k)
-      logits, _ = inference._window(last, last_mask, memory, want_logits=True)
-      by_k[str(k)] = _answered(vocab, np.asarray(logits)[0, cols], answer)
-  finally:
-    inference.topk = own
+  for k in ks:
+    logits, _ = inference._window(last, last_mask, memory, want_logits=True, topk=int(k))
+    by_k[str(k)] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   # the answer with one memory layer's read (or every one's) left out at the question's window
   off = {}
   for name in [str(layer) for layer in sorted(seen)] + ["all"]:
@@ -211,8 +207,7 @@ def main(argv=None) -> None:
     make_prompt = passkey.make_prompt_fn(vocab)
     results = []
     for di, depth in enumerate(depths):
-      rng = np.random.default_rng([a.seed, a.length, di])  # retrieval.grid's seeding: the suite's prompts
-      prompt, ans = make_prompt(a.length, depth, rng)
+      prompt, ans = make_prompt(a.length, depth, retrieval.cell_rng(a.seed, a.length, di))  # the suite's prompts
       ids, start = retrieval.encode(vocab, prompt, ans)
       r = dict(read_out(inference, vocab, ids, start, ks), depth=depth, length=a.length)
       results.append(r)

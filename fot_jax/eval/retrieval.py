@@ -169,6 +169,11 @@ class PromptRecords:
 PromptFn = Callable[[int, float, np.random.Generator], Tuple[str, str]]
 
 
+def cell_rng(seed: int, length: int, depth_index: int) -> np.random.Generator:
+  """The generator of a grid cell's prompts (`grid`; the memory readout rebuilds the same prompts)."""
+  return np.random.default_rng([int(seed), int(length), int(depth_index)])
+
+
 def grid(model, vocab, make_prompt: PromptFn, lengths: Sequence[int], depths: Sequence[float],
          trials: int, seed: int, batch: int = 8, threshold: float = 0.9, name: str = "",
          suite: str = "", records: Optional[PromptRecords] = None) -> Dict:
@@ -190,7 +195,7 @@ def grid(model, vocab, make_prompt: PromptFn, lengths: Sequence[int], depths: Se
   for li, length in enumerate(lengths):
     examples, cells, trial, answers, keys = [], [], [], [], []
     for di, depth in enumerate(depths):
-      rng = np.random.default_rng([seed, int(length), di])
+      rng = cell_rng(seed, length, di)
       for t in range(trials):
         prompt, answer = make_prompt(int(length), float(depth), rng)
         examples.append(encode(vocab, prompt, answer))
