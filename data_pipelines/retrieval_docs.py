@@ -116,6 +116,15 @@ TALLY_QUESTIONS = ("Which {n} entries occur most often in the list above, most f
                    "Count the entries above; the {n} commonest are")
 # tally words without a 'text' haystack: the key words
 TALLY_WORDS = tuple(sorted(set(ADJECTIVES + NOUNS)))
+# Mentions (`mentions`): sentences that name an asked key and its kind, as its question does, and
+# go on with words, never a value. After "...the pass key is" a model that copies what followed the
+# question's words anywhere in memory writes a word; with mentions in the haystack the only
+# continuation that answers is the fact's value. A mention never states a value, so it never
+# contradicts the fact.
+MENTIONS = ("The {kind} of {key} is kept somewhere in these notes.", "Nobody remembers the {kind} of {key} offhand.",
+            "{key} asked twice about its {kind} yesterday.", "Ask the front desk about the {kind} of {key} first.",
+            "The {kind} for {key} is printed on a card there.", "{key} moved desks, and its {kind} went along.",
+            "We talked about {key} and the {kind} it has.", "Is the {kind} of {key} still the same? Probably so.")
 # A 'text' haystack is real text (the view's `haystack_task`), cut into sentence-like units: a run
 # of consecutive units from one document, so the facts sit in prose the model did not see made.
 _UNIT_SPLIT = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
@@ -220,6 +229,9 @@ class RetrievalSpec:
   # share of the lookup documents framed as a chat in the vocabulary's own chat template: the
   # haystack and the first question in the user's turn, each answer in an assistant's turn
   chat: float = 0.0
+  # per asked fact of a lookup document, the chance that one or two mentions of its key and kind
+  # (MENTIONS: the question's words, then words, no value) lie in the haystack
+  mentions: float = 0.0
 
   @classmethod
   def from_dict(cls, d: dict, where: str = "data.retrieval") -> "RetrievalSpec":
@@ -251,7 +263,7 @@ class RetrievalSpec:
     bad = sorted(set(self.doc_kinds) - set(DOC_KINDS))
     if bad or not self.doc_kinds:
       raise ValueError(f"{where}.doc_kinds: choose from {DOC_KINDS}, got {list(self.doc_kinds)}")
-    for name in ("near_keys", "shared_shape", "chat"):
+    for name in ("near_keys", "shared_shape", "chat", "mentions"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"{where}.{name}: must be in [0, 1], got {getattr(self, name)}")
     if not 0.0 <= self.memory_fraction <= 1.0 or not 0.0 <= self.text_slots < 1.0:
@@ -427,6 +439,15 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
     facts, fact_ids = facts[:drop] + facts[drop + 1:], fact_ids[:drop] + fact_ids[drop + 1:]
     asked = [i - (i > drop) for i in asked]
     n_facts -= 1
+  if spec.mentions:  # no draw without mentions: the documents of the recipes measured before stay the same
+    for i in list(asked):
+      if rng.random() < spec.mentions:
+        for _ in range(int(rng.integers(1, 3))):
+          m = MENTIONS[rng.integers(len(MENTIONS))].format(key=facts[i][0], kind=kind)
+          fact_ids.append(tokens(" " + m))
+    while fact_ids[n_facts:] and budget < sum(len(f) for f in fact_ids) + 8:
+      fact_ids.pop()  # mentions go first when the document is full
+  n_statements = len(fact_ids)  # the facts', then the mentions' statements (inserted alike, never asked)
   window = length // spec.doc_windows
   # The haystack: filler sentences up to the budget left by the facts (the last one cut), then
   # each fact inserted whole at the sentence boundary nearest its drawn offset. An asked fact
@@ -442,7 +463,7 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
   # haystack offset of the question's window
   q_window_start = (length - len(q_ids)) // window * window - 1 - len(prefix)
   inserts = collections.defaultdict(list)
-  for i in rng.permutation(n_facts):
+  for i in rng.permutation(n_statements):
     memory = i in asked and rng.random() < spec.memory_fraction
     # before the question's window: the boundary must leave room for this fact (and those before it)
     last = q_window_start - len(fact_ids[i]) if memory else filler_budget

@@ -28,3 +28,19 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # before jax is imported: jax
 
 if "XLA_FLAGS" not in os.environ:
   os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def pytest_collection_finish(session):
+  """Start the suites that run in a process of their own (tests/background.py) as soon as their
+  test is collected: they use the core this process leaves idle while it compiles."""
+  if session.config.option.collectonly:
+    return
+  from tests import background
+  for module in {item.module for item in session.items if hasattr(item, "module")}:
+    if hasattr(module, "background_command"):
+      background.start(module)
+
+
+def pytest_sessionfinish(session):
+  from tests import background
+  background.stop_all()

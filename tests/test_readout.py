@@ -46,6 +46,7 @@ def test_the_readout_answers_as_a_whole_read_with_each_k():
   alone = _suite_answer(MemoryInference(cfg, params, WINDOW, "dense"), ids[-WINDOW:], WINDOW - 4)
   assert r["layer_off"]["1"]["answer"] == r["layer_off"]["all"]["answer"] == alone
   assert alone != r["by_k"]["1000"]["answer"]  # memory matters to this answer
+  assert r["layer_off"]["only 1"] == r["by_k"]["4"]  # the one memory layer kept alone: the whole read at own k
   (per_token,) = r["layers"].values()
   assert [t["token"] for t in per_token] == ["60", "61", "62", "63"]
   for t in per_token:

@@ -97,6 +97,32 @@ def test_documents_state_facts_before_questions_with_distinct_keys(vocab, doc_wi
   assert in_memory / asked_total >= 0.6, (in_memory, asked_total)  # memory_fraction 0.9, minus overflow
 
 
+def test_mentions_name_asked_keys_with_no_value_before_the_questions():
+  """`mentions`: sentences with an asked key and its kind, ending in words, in the haystack, never a
+  value and never another document's key; none without the option."""
+  mention_res = [re.compile(re.escape(m).replace(r"\{key\}", f"(?P<key>{KEY})").replace(r"\{kind\}", KIND))
+                 for m in rd.MENTIONS]
+  vocab = vocab_lib.get_vocabulary("byte")
+  seen = {}
+  for mentions in (0.0, 1.0):
+    spec = rd.RetrievalSpec(doc_windows=4, facts=(3, 6), queries=(1, 3), haystacks=("repeat", "facts"),
+                            mentions=mentions)
+    batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=8, window=128, seed=5)
+    docs = with_mention = 0
+    for step in range(2):
+      for ids, mask in _docs(batches(step), 4):
+        text = vocab.decode(ids[1:].tolist())
+        q_start = text.index("\n")
+        by_value = {v: k for k, v, _ in facts_in(text[:q_start])}
+        asked = {by_value[v] for v in re.findall(r"\d{5,7}", vocab.decode(ids[mask].tolist()))}
+        found = [(m.group("key"), m.start(), m.group(0)) for r in mention_res for m in r.finditer(text)]
+        for key, at, sentence in found:
+          assert key in asked and at < q_start and not re.search(r"\d{5}", sentence.replace(key, "")), (key, sentence)
+        docs, with_mention = docs + 1, with_mention + bool(found)
+    seen[mentions] = with_mention / docs
+  assert seen[0.0] == 0 and seen[1.0] > 0.8, seen
+
+
 CHAIN_KEY = r"(?:[a-z]+-[a-z]+|[A-Z][a-z]+ [A-Z]\. [A-Z][a-z]+|unit \d{4}|[0-9a-f]{8}|[A-Z]{5})"
 
 
@@ -300,7 +326,7 @@ def test_no_evaluation_template_in_training_documents():
   prose = pipeline.document_texts(smollm2_retrieval.PROSE, "train")
   assert len(prose) > 20, "the recipe's README haystack is missing: run the tests from the checkout's root after make install"
   vocab = vocab_lib.get_vocabulary("byte")
-  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5,
+  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5, mentions=0.5,
                           haystacks=rd.HAYSTACKS, haystack_task=smollm2_retrieval.PROSE, doc_kinds=rd.DOC_KINDS)
   batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0, haystack_texts=prose)
   text = "\n".join(vocab.decode(ids.tolist()) for step in range(16) for ids, _ in _docs(batches(step), 8))
@@ -386,5 +412,8 @@ def test_experiment_config_validates_and_names_its_tasks():
   assert aggregate.train.init_from == smollm2_retrieval.MIXED_CHECKPOINT
   assert set(feeds["near"].doc_kinds) == set(feeds["far"].doc_kinds) == set(rd.DOC_KINDS)
   assert feeds["far"].chat == smollm2_retrieval.AGG_CHAT > 0 and mixed.feeds["far"].chat == 0
+  mentions = configs.resolve(smollm2_retrieval.get_config("mentions"), check_data=False).lm.feeds
+  assert mentions["far"].mentions == mentions["near"].mentions == smollm2_retrieval.MENTIONS > 0
+  assert feeds["far"].mentions == 0 and mentions["far"].doc_kinds == feeds["far"].doc_kinds
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")

@@ -13,7 +13,8 @@ window (question and answer, end-aligned as the suites place them) is read again
   last window reads top-k of memory for each k of `ks`, memory itself fixed: it was written with
   the inference's own top-k, so only the reading at the question changes;
 * the answer with one memory layer's read left out at the question's window (that layer attends to
-  its local window only), and with every one's left out (the window alone).
+  its local window only), with every one's left out (the window alone), and with one layer's read
+  kept alone ("only L": the others see their local window).
 
 So a miss is told apart: the target ranked low (the keys: a training matter), ranked high but
 sharing the softmax with look-alikes (more k hurts, less helps), or read and still not copied.
@@ -129,10 +130,13 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   for k in ks:
     logits, _ = inference._window(last, last_mask, memory, want_logits=True, topk=int(k))
     by_k[str(k)] = _answered(vocab, np.asarray(logits)[0, cols], answer)
-  # the answer with one memory layer's read (or every one's) left out at the question's window
+  # the answer with one memory layer's read (or every one's) left out at the question's window, and
+  # with one layer's read kept alone ("only L": whether the layers that lost the needle spoil it)
   off = {}
-  for name in [str(layer) for layer in sorted(seen)] + ["all"]:
-    quiet = set(seen) if name == "all" else {int(name)}
+  names = [str(layer) for layer in sorted(seen)] + ["all"] + [f"only {layer}" for layer in sorted(seen)]
+  for name in names:
+    quiet = (set(seen) if name == "all" else set(seen) - {int(name[5:])} if name.startswith("only ")
+             else {int(name)})
     logits, _ = inference._window(last, last_mask, _Silenced(memory, quiet), want_logits=True)
     off[name] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
