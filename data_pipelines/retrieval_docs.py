@@ -121,10 +121,18 @@ TALLY_WORDS = tuple(sorted(set(ADJECTIVES + NOUNS)))
 # question's words anywhere in memory writes a word; with mentions in the haystack the only
 # continuation that answers is the fact's value. A mention never states a value, so it never
 # contradicts the fact.
+# Plain questions (`plain_questions`): a sentence that stops where the value goes on, ending in
+# "is" as most English statements of a value do, where the haystack's "X is Y." sentences and the
+# mentions go on with a word. The template's own forms mostly end in a verb or a colon.
+PLAIN_QUESTIONS = ("The {kind} of {key} is", "{key}'s {kind} is", "As noted above, the {kind} for {key} is",
+                   "The {kind} that {key} has is", "For {key}, the {kind} is")
 MENTIONS = ("The {kind} of {key} is kept somewhere in these notes.", "Nobody remembers the {kind} of {key} offhand.",
             "{key} asked twice about its {kind} yesterday.", "Ask the front desk about the {kind} of {key} first.",
             "The {kind} for {key} is printed on a card there.", "{key} moved desks, and its {kind} went along.",
             "We talked about {key} and the {kind} it has.", "Is the {kind} of {key} still the same? Probably so.")
+# with plain questions, mentions in their words too (the plain forms' openings, then a word)
+PLAIN_MENTIONS = ("{key}'s {kind} is easy to find.", "For {key}, the {kind} is on file.",
+                  "The {kind} that {key} has is short.")
 # A 'text' haystack is real text (the view's `haystack_task`), cut into sentence-like units: a run
 # of consecutive units from one document, so the facts sit in prose the model did not see made.
 _UNIT_SPLIT = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
@@ -232,6 +240,8 @@ class RetrievalSpec:
   # per asked fact of a lookup document, the chance that one or two mentions of its key and kind
   # (MENTIONS: the question's words, then words, no value) lie in the haystack
   mentions: float = 0.0
+  # the share of a lookup document's questions asked as a plain sentence (PLAIN_QUESTIONS)
+  plain_questions: float = 0.0
 
   @classmethod
   def from_dict(cls, d: dict, where: str = "data.retrieval") -> "RetrievalSpec":
@@ -263,7 +273,7 @@ class RetrievalSpec:
     bad = sorted(set(self.doc_kinds) - set(DOC_KINDS))
     if bad or not self.doc_kinds:
       raise ValueError(f"{where}.doc_kinds: choose from {DOC_KINDS}, got {list(self.doc_kinds)}")
-    for name in ("near_keys", "shared_shape", "chat", "mentions"):
+    for name in ("near_keys", "shared_shape", "chat", "mentions", "plain_questions"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"{where}.{name}: must be in [0, 1], got {getattr(self, name)}")
     if not 0.0 <= self.memory_fraction <= 1.0 or not 0.0 <= self.text_slots < 1.0:
@@ -297,12 +307,21 @@ def _answered(head: List[int], answer: List[int], end: List[int]) -> Tuple[List[
   return head + answer + end, [False] * len(head) + [True] * len(answer) + [False] * len(end)
 
 
-def question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], rng: np.random.Generator):
+def _question(questions, plain: float, rng: np.random.Generator) -> str:
+  """A question form: a plain one (PLAIN_QUESTIONS) with probability `plain` (no draw at 0: the
+  documents of recipes without plain questions stay the same), else one of the template's."""
+  if plain and rng.random() < plain:
+    return PLAIN_QUESTIONS[rng.integers(len(PLAIN_QUESTIONS))]
+  return questions[rng.integers(len(questions))]
+
+
+def question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], rng: np.random.Generator,
+                   plain: float = 0.0):
   """'\n' + question + ' ' + value + '.' per asked fact -> (ids, mask of the value tokens)."""
   ids = list(tokens("\n"))  # a copy: the cache must not grow with it
   mask = [False] * len(ids)
   for key, value in asked:
-    q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
+    q = _question(questions, plain, rng).format(key=key, kind=kind)
     q_ids, q_mask = _answered(tokens(q), tokens(" " + value), tokens(".\n"))  # each question starts a line
     ids += q_ids
     mask += q_mask
@@ -341,14 +360,14 @@ def chat_frame(vocab, bos: int) -> ChatFrame:
 
 
 def chat_question_block(tokens, questions, kind: str, asked: List[Tuple[str, str]], rng: np.random.Generator,
-                        frame: ChatFrame):
+                        frame: ChatFrame, plain: float = 0.0):
   """question_block framed as a chat: the first question ends the user's turn that holds the
   haystack, each later one opens a user turn of its own; a question form's part up to its '?' is
   the user's, the rest leads the assistant's answer (a form without '?' is the user's whole and
   the answer is the bare value) -> (ids, mask of the value tokens)."""
   ids, mask = [], []
   for n, (key, value) in enumerate(asked):
-    q = questions[rng.integers(len(questions))].format(key=key, kind=kind)
+    q = _question(questions, plain, rng).format(key=key, kind=kind)
     cut = q.find("?") + 1
     ask, lead = (q[:cut], q[cut:].strip()) if cut else (q, "")
     head = (tokens("\n" + ask) if n == 0 else list(frame.next) + tokens(ask)) + list(frame.reply)
@@ -422,9 +441,10 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
   prefix = list(frame.prefix) if frame is not None else []
   while True:
     if frame is None:
-      q_ids, q_mask = question_block(tokens, questions, kind, [facts[i] for i in asked], rng)
+      q_ids, q_mask = question_block(tokens, questions, kind, [facts[i] for i in asked], rng, spec.plain_questions)
     else:
-      q_ids, q_mask = chat_question_block(tokens, questions, kind, [facts[i] for i in asked], rng, frame)
+      q_ids, q_mask = chat_question_block(tokens, questions, kind, [facts[i] for i in asked], rng, frame,
+                                          spec.plain_questions)
     budget = length - 1 - len(prefix) - len(q_ids)
     if budget >= sum(len(fact_ids[i]) for i in range(n_facts)) + 8:
       break
@@ -440,10 +460,11 @@ def document(spec: RetrievalSpec, tokens: _Tokens, length: int, keys: KeyPool, r
     asked = [i - (i > drop) for i in asked]
     n_facts -= 1
   if spec.mentions:  # no draw without mentions: the documents of the recipes measured before stay the same
+    forms = MENTIONS + PLAIN_MENTIONS if spec.plain_questions else MENTIONS
     for i in list(asked):
       if rng.random() < spec.mentions:
         for _ in range(int(rng.integers(1, 3))):
-          m = MENTIONS[rng.integers(len(MENTIONS))].format(key=facts[i][0], kind=kind)
+          m = forms[rng.integers(len(forms))].format(key=facts[i][0], kind=kind)
           fact_ids.append(tokens(" " + m))
     while fact_ids[n_facts:] and budget < sum(len(f) for f in fact_ids) + 8:
       fact_ids.pop()  # mentions go first when the document is full

@@ -88,7 +88,9 @@ def _shape(windows: int, window: int):
           segments_spec([(j, j * (SLOTS - 1)) for j in range(windows)]))
 
 
-VARIANTS = ("base", "lookalike", "multikey", "mixed", "aggregate", "mentions")
+# second stages from the mixed recipe's model: aggregate, and aggregate with mentions / plain questions
+SECOND_STAGES = ("aggregate", "mentions", "plain")
+VARIANTS = ("base", "lookalike", "multikey", "mixed") + SECOND_STAGES
 # aggregate: a second stage that starts from the mixed recipe's tuned model
 MIXED_CHECKPOINT = "runs/smollm2_mixed/fot"
 AGG_NEAR, AGG_FAR = 15, 25
@@ -96,6 +98,8 @@ AGG_CHAT = 0.25  # share of the aggregate stage's lookups framed as a chat (lm-e
 # mentions: per asked fact, the chance of mentions of its key in the haystack (the question's words
 # followed by words, no value: data_pipelines/retrieval_docs.py MENTIONS)
 MENTIONS = 0.5
+# plain: mentions, and this share of the lookups' questions asked as a sentence ending in "is"
+PLAIN = 0.5
 # Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
 # put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
 PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
@@ -140,17 +144,19 @@ def get_config(variant: str = "base"):
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), **mk),
         "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, **mk)})
-  elif variant in ("mixed", "aggregate", "mentions"):
+  elif variant == "mixed" or variant in SECOND_STAGES:
     # multikey's look-alike facts, plus facts in real prose (consecutive sentences of package
     # READMEs) and in repeated filler: the same keys and questions, three kinds of haystack
     mixed = dict(near_keys=0.5, haystacks=("facts", "text", "text", "repeat"), haystack_task=PROSE, **text)
     near_kinds = far_kinds = ("lookup",)
-    if variant in ("aggregate", "mentions"):  # answers gathered from several windows: chains and tallies, lookups kept,
+    if variant in SECOND_STAGES:  # answers gathered from several windows: chains and tallies, lookups kept,
       # a quarter of them asked and answered in SmolLM2's chat template
       near_kinds, far_kinds = ("lookup", "chain", "tally"), ("lookup", "lookup", "chain", "tally")
       mixed["chat"] = AGG_CHAT
-    if variant == "mentions":
+    if variant in ("mentions", "plain"):
       mixed["mentions"] = MENTIONS
+    if variant == "plain":
+      mixed["plain_questions"] = PLAIN
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
         "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, doc_kinds=far_kinds,
@@ -166,9 +172,8 @@ def get_config(variant: str = "base"):
         "mid": dict(doc_windows=4, facts=(2, 8), queries=(1, 3), **hard),
         "far": dict(doc_windows=windows, facts=(4, 16), queries=(1, 4), shared_shape=0.5,
                     haystacks=("repeat", "prose", "facts", "facts"), **hard)})
-  steps = {"multikey": MK_NEAR + MK_FAR, "mixed": MK_NEAR + MK_FAR, "aggregate": AGG_NEAR + AGG_FAR,
-           "mentions": AGG_NEAR + AGG_FAR}.get(
-      variant, NEAR + MID + FAR)
+  steps = AGG_NEAR + AGG_FAR if variant in SECOND_STAGES else {
+      "multikey": MK_NEAR + MK_FAR, "mixed": MK_NEAR + MK_FAR}.get(variant, NEAR + MID + FAR)
   c.optim.lr, c.optim.warmup_steps, c.optim.schedule, c.optim.total_steps = 3e-4, 5, "constant", steps
   c.optim.weight_decay, c.optim.clip_norm = 0.01, 1.0
   c.train.steps, c.train.loss_on = steps, "all"
@@ -178,15 +183,15 @@ def get_config(variant: str = "base"):
        "threshold": 0.9, "window": 3, "max_steps": NEAR},
       {"name": "mid", "task": "mid", "spec": negatives, "steps": MID},
       {"name": "far", "task": "far", "spec": negatives, "steps": FAR}]})
-  if variant in ("multikey", "mixed", "aggregate", "mentions"):
+  if variant in ("multikey", "mixed") + SECOND_STAGES:
     c.train.trainable = (ALL_ATTENTION,)
     c.optim.lr = 2e-4
-    near, far = (AGG_NEAR, AGG_FAR) if variant in ("aggregate", "mentions") else (MK_NEAR, MK_FAR)
+    near, far = (AGG_NEAR, AGG_FAR) if variant in SECOND_STAGES else (MK_NEAR, MK_FAR)
     c.train.curriculum.phases = [
         {"name": "near", "task": "near", "spec": positives, "metric": "answer_accuracy",
          "threshold": 0.8, "window": 3, "max_steps": near},
         {"name": "far", "task": "far", "spec": negatives, "steps": far}]
-  if variant in ("aggregate", "mentions"):
+  if variant in SECOND_STAGES:
     c.train.init_from = MIXED_CHECKPOINT
   c.baseline.enabled = False
   # The run's own check (window = the training window): perplexity with 0 and 448 tokens of memory on

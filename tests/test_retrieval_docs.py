@@ -123,6 +123,30 @@ def test_mentions_name_asked_keys_with_no_value_before_the_questions():
   assert seen[0.0] == 0 and seen[1.0] > 0.8, seen
 
 
+def test_plain_questions_end_in_is_and_are_answered_with_the_asked_value():
+  """`plain_questions=1`: every lookup question is a plain sentence ending where its value goes on
+  ("The {kind} of {key} is"), answered with the value its key was stated with."""
+  plain = [re.compile(re.escape(q).replace(r"\{key\}", f"(?P<key>{KEY})").replace(r"\{kind\}", KIND)
+                      + r" (?P<value>\d{5,7})\.") for q in rd.PLAIN_QUESTIONS]
+  vocab = vocab_lib.get_vocabulary("byte")
+  spec = rd.RetrievalSpec(doc_windows=4, facts=(3, 6), queries=(2, 3), haystacks=("repeat",), plain_questions=1.0,
+                          mentions=1.0)
+  batches = rd.RetrievalBatches(spec, vocab, slots=4, windows=8, window=128, seed=2)
+  asked = 0
+  for ids, mask in _docs(batches(0), 4):
+    text = vocab.decode(ids[1:].tolist())
+    q_start = text.index("\n")
+    stated = {k: v for k, v, _ in facts_in(text[:q_start])}
+    lines = text[q_start:].strip().splitlines()
+    answers = re.findall(r"\d{5,7}", vocab.decode(ids[mask].tolist()))
+    assert len(lines) == len(answers), (lines, answers)
+    for line, value in zip(lines, answers):
+      m = next(filter(None, (r.fullmatch(line) for r in plain)), None)
+      assert m and m.group("value") == value == stated[m.group("key")], (line, stated)
+      asked += 1
+  assert asked >= 8
+
+
 CHAIN_KEY = r"(?:[a-z]+-[a-z]+|[A-Z][a-z]+ [A-Z]\. [A-Z][a-z]+|unit \d{4}|[0-9a-f]{8}|[A-Z]{5})"
 
 
@@ -326,7 +350,7 @@ def test_no_evaluation_template_in_training_documents():
   prose = pipeline.document_texts(smollm2_retrieval.PROSE, "train")
   assert len(prose) > 20, "the recipe's README haystack is missing: run the tests from the checkout's root after make install"
   vocab = vocab_lib.get_vocabulary("byte")
-  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5, mentions=0.5,
+  spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5, mentions=0.5, plain_questions=0.5,
                           haystacks=rd.HAYSTACKS, haystack_task=smollm2_retrieval.PROSE, doc_kinds=rd.DOC_KINDS)
   batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0, haystack_texts=prose)
   text = "\n".join(vocab.decode(ids.tolist()) for step in range(16) for ids, _ in _docs(batches(step), 8))
@@ -415,5 +439,8 @@ def test_experiment_config_validates_and_names_its_tasks():
   mentions = configs.resolve(smollm2_retrieval.get_config("mentions"), check_data=False).lm.feeds
   assert mentions["far"].mentions == mentions["near"].mentions == smollm2_retrieval.MENTIONS > 0
   assert feeds["far"].mentions == 0 and mentions["far"].doc_kinds == feeds["far"].doc_kinds
+  plain = configs.resolve(smollm2_retrieval.get_config("plain"), check_data=False).lm.feeds
+  assert plain["far"].plain_questions == smollm2_retrieval.PLAIN > 0 == mentions["far"].plain_questions
+  assert plain["far"].mentions == smollm2_retrieval.MENTIONS
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")
