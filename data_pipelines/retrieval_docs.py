@@ -21,6 +21,12 @@ What the model may learn from, and what it must not (docs/retrieval.md):
   `shared_shape` a step's documents all state their facts in one template, kind and key kind,
   so the crossbatch negatives (other slots' windows) are look-alike facts too, never the same
   key (the multi-key case at the scale of memory, not only of one document).
+* Words after the question's words (`mentions`, `plain_questions`): sentences that name an asked key
+  and its kind and go on with a word, never a value ("The {kind} of {key} is kept somewhere in
+  these notes."), and questions asked as a plain sentence ending in "is" ("The {kind} of {key}
+  is"), so that copying what followed the question's words in memory is wrong unless it is the
+  stated value (a passkey's first line "...the important information there." is what a tuned
+  model copied instead of the key: docs/retrieval.md).
 * Document kinds (`doc_kinds`): 'lookup' asks a key for its value; 'chain' states a value for
   one key and passes it from key to key, and asks the value for every key of its chain; 'tally'
   lists entries of which a few recur, and asks for the most frequent ones in order. The last two

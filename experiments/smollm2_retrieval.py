@@ -69,6 +69,14 @@ of the lookups are framed in SmolLM2's chat template (AGG_CHAT: lm-eval's --appl
 40 steps, 1,499 s on 2 cores. Measured (2026-12-06, docs/retrieval.md "The aggregate stage"): at 4K
 every offline RULER task at or above the import reading the whole prompt in its own window
 (niah_multikey_2 0.7, with the chat template 0.7; ruler_vt 0.06, ruler_cwe 0.27, ruler_fwe 0.77).
+
+Variants 'mentions' and 'plain' (`:mentions`, `:plain`): 'aggregate' with mentions of half the
+asked keys in the haystack (the key and its kind, then words, no value: MENTIONS), and 'plain' also
+with half the lookups' questions ending in "is" (PLAIN), for the passkey's miss past 32K (the model
+writes the word that followed similar words in memory, " there", where the key's " " belongs).
+Measured (2026-12-07, docs/retrieval.md "What the misses are"): 1,652 s / 1,449 s on 2 cores;
+passkey at 64K through host memory 2/4 and 1/4 on the suite's prompts (aggregate: 2/4), so not
+adopted.
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
