@@ -70,7 +70,10 @@ of the lookups are framed in SmolLM2's chat template (AGG_CHAT: lm-eval's --appl
 every offline RULER task at or above the import reading the whole prompt in its own window
 (niah_multikey_2 0.7, with the chat template 0.7; ruler_vt 0.06, ruler_cwe 0.27, ruler_fwe 0.77).
 
-Variants 'mentions' and 'plain' (`:mentions`, `:plain`): 'aggregate' with mentions of half the
+Variants 'mentions' and 'plain' (second stages like 'aggregate': the mixed model first, i.e. the
+first command of `make smollm2-retrieval`, then e.g.
+`python -m fot_jax.main --config=experiments/smollm2_retrieval.py:mentions --workdir=runs/smollm2_mentions`):
+'aggregate' with mentions of half the
 asked keys in the haystack (the key and its kind, then words, no value: MENTIONS), and 'plain' also
 with half the lookups' questions ending in "is" (PLAIN), for the passkey's miss past 32K (the model
 writes the word that followed similar words in memory, " there", where the key's " " belongs).
@@ -122,8 +125,10 @@ def get_config(variant: str = "base"):
   hard negatives: look-alike facts in the document and, on half the far steps, in every other
   slot; not better on multi-key), 'multikey' (multi-key documents only, whole-answer metric, every
   attention layer trains: the one that reads multi-key needles from memory; docs/retrieval.md),
-  'mixed' (multikey's documents in three kinds of haystack, real prose among them) or 'aggregate'
-  (a second stage from the mixed recipe's model, with chain and tally documents)."""
+  'mixed' (multikey's documents in three kinds of haystack, real prose among them), 'aggregate'
+  (a second stage from the mixed recipe's model, with chain and tally documents), 'mentions'
+  (aggregate with mentions of asked keys that give no value) or 'plain' (mentions, and questions
+  ending in "is")."""
   if variant not in VARIANTS:
     raise ValueError(f"smollm2_retrieval: variant must be one of {VARIANTS}, got {variant!r}")
   c = base_config()

@@ -206,6 +206,9 @@ def main(argv=None) -> None:
       ap.error(f"--mem_layers is comma-separated layer numbers, got {a.mem_layers!r}")
   with expected_errors(PROG):  # a missing checkpoint, a prompt memory cannot hold: one line, no traceback
     model = from_pretrained(a.checkpoint, **overrides)
+    if not model.cfg.mem_layers:
+      raise ValueError(f"{a.checkpoint} has no memory layers: add them with --mem_layers (comma-separated, "
+                       f"e.g. 6,17,18,20 for SmolLM2-135M's copy-head layers)")
     vocab = model.vocabulary(a.vocab)
     inference = HostMemoryInference(model.cfg, model.params, a.window, a.topk, a.index, a.nprobe)
     make_prompt = passkey.make_prompt_fn(vocab)
