@@ -5,6 +5,7 @@ parallelism) and run in a separate pytest process, because the device count is f
 starts and this suite runs on one; that process starts in the background when this test is
 collected (tests/background.py)."""
 import os
+import sys
 
 from tests import background
 
@@ -19,7 +20,6 @@ def background_command():
 
 
 def test_sharded_cases_on_8_fake_cpu_devices():
-  import sys
   rc, out = background.result(sys.modules[__name__])
   print(out[-6000:])
   assert rc == 0, out[-6000:]

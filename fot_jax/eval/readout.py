@@ -131,12 +131,11 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
     logits, _ = inference._window(last, last_mask, memory, want_logits=True, topk=int(k))
     by_k[str(k)] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   # the answer with one memory layer's read (or every one's) left out at the question's window, and
-  # with one layer's read kept alone ("only L": whether the layers that lost the needle spoil it)
-  off = {}
-  names = [str(layer) for layer in sorted(seen)] + ["all"] + [f"only {layer}" for layer in sorted(seen)]
-  for name in names:
-    quiet = (set(seen) if name == "all" else set(seen) - {int(name[5:])} if name.startswith("only ")
-             else {int(name)})
+  # with one layer's read kept alone ("only L": which layer's read writes the answer)
+  off, mem = {}, sorted(seen)
+  silenced = ([(str(layer), {layer}) for layer in mem] + [("all", set(mem))]
+              + [(f"only {layer}", set(mem) - {layer}) for layer in mem])
+  for name, quiet in silenced:
     logits, _ = inference._window(last, last_mask, _Silenced(memory, quiet), want_logits=True)
     off[name] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
