@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from fot_jax.chat import chat_prompt, chat_template, load_tokenizer, tokenizer_dir  # noqa: E402
-from fot_jax.cli import expected_errors  # noqa: E402
+from fot_jax.cli import expected_errors, parse_mem_layers  # noqa: E402
 from fot_jax.convert.api import Pretrained, from_pretrained  # noqa: E402
 from fot_jax.eval.retrieval import encode  # noqa: E402
 from fot_jax.inference import end_aligned  # noqa: E402
@@ -208,16 +208,11 @@ def ask(model_or_path: Union[str, Pretrained], document: str, question: str, *, 
 
 
 def _layers(text: str):
-  """--mem_layers: '8,16,24', 'all' or 'none'."""
-  text = text.strip().lower()
-  if text in ("", "none"):
-    return ()
-  if text == "all":
-    return "all"
+  """--mem_layers: '8,16,24', 'all' or 'none' (argparse's type: its error, not a traceback)."""
   try:
-    return tuple(int(x) for x in text.split(","))
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, 'all' or 'none', got {text!r}")
+    return parse_mem_layers(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,6 +21,38 @@ EXPECTED = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError
 EXIT_STATUS = 2
 
 
+def parse_auto(spec: str) -> int:
+  """'auto:N' -> N (a positive integer); anything else raises one ValueError line."""
+  text = str(spec).strip().lower()
+  head, _, n = text.partition(":")
+  if head != "auto" or not n.strip().isdigit() or int(n) < 1:
+    raise ValueError(f"--mem_layers={spec}: expected auto:N with N a positive number of layers")
+  return int(n)
+
+
+def parse_mem_layers(text, auto: bool = False):
+  """A command line's memory layers: '6,17,18,20' -> a tuple of 0-based layers, 'none' / '' -> (),
+  'all' -> 'all' (fot_jax.from_pretrained reads it as every layer), and with `auto` 'auto:N' as it is
+  (the retrieval-head probe resolves it; N checked here, so a bad one fails before a model loads).
+  Anything else raises one ValueError line."""
+  text = str(text).strip().lower()
+  if text in ("", "none"):
+    return ()
+  if text == "all":
+    return "all"
+  if auto and text.startswith("auto"):
+    parse_auto(text)
+    return text
+  try:
+    layers = tuple(int(x) for x in text.split(","))
+  except ValueError:
+    layers = ()
+  if not layers or min(layers) < 0:
+    raise ValueError(f"--mem_layers: expected comma-separated 0-based layer numbers, 'all', 'none'"
+                     f"{' or auto:N' if auto else ''}, got {text!r}")
+  return layers
+
+
 def one_line(e) -> str:
   """An exception's (or a text's) message on one line, whitespace runs folded."""
   return " ".join(str(e).split()) or type(e).__name__

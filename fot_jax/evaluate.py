@@ -48,24 +48,6 @@ except (KeyError, AttributeError) as e:
   cli.fail("fot_jax.evaluate", cli.override_error(e, sys.argv))
 
 
-def _layers(text: str):
-  """'8,16,24' / 'none' / 'all' -> a tuple of layers, or 'all'; 'auto:N' stays as it is (checked
-  here, so a bad N fails before anything loads), for the retrieval-head probe to resolve."""
-  text = text.strip().lower()
-  if text in ("", "none"):
-    return ()
-  if text.startswith("auto"):
-    eval_settings.parse_auto(text)
-    return text
-  if text == "all":
-    return "all"  # fot_jax.from_pretrained reads it as every layer
-  try:
-    return tuple(int(x) for x in text.split(","))
-  except ValueError:
-    raise ValueError(f"--mem_layers: expected comma-separated layer numbers, 'all', 'none' or 'auto:N', "
-                     f"got {text!r}") from None
-
-
 def _model_overrides(text):
   """--model_overrides JSON -> a dict of ModelConfig fields (checked against the dataclass)."""
   if not text:
@@ -98,7 +80,7 @@ def main(argv):
     if not _CHECKPOINT.value or not _WORKDIR.value:
       raise ValueError("--checkpoint=PATH and --workdir=DIR are required")
     suites = [s.strip() for s in _SUITE.value.split(",") if s.strip()]
-    layers = None if _MEM_LAYERS.value is None else _layers(_MEM_LAYERS.value)
+    layers = None if _MEM_LAYERS.value is None else cli.parse_mem_layers(_MEM_LAYERS.value, auto=True)
     overrides = _model_overrides(_OVERRIDES.value)
     settings = eval_settings.SuiteSettings.from_dict(_EVAL.value)  # the one read of --eval.*
     # the suites load JAX and TensorFlow (seconds): only once the flags have passed their checks

@@ -226,6 +226,9 @@ CASES = [
     Case("readout_prompt_in_one_window", "--length 40 with --window 512: memory holds nothing", READOUT,
          ["--checkpoint={T}/trained/fot", "--length=40", "--mem_layers=0", "--vocab=byte"], ("one window",),
          needs=("trained",)),
+    Case("readout_no_memory_layers", "--mem_layers=none: a model without memory layers", READOUT,
+         ["--checkpoint={T}/trained/fot", "--length=300", "--mem_layers=none", "--vocab=byte"],
+         ("no memory layers", "--mem_layers"), needs=("trained",)),
     # ---- issue 33: your corpus, checked before the first step
     Case("main_misspelt_field", "--config.train.stpes=3 (a field that does not exist)", MAIN,
          ["--config=experiments/stdlib_lm_tiny.py", "--config.train.stpes=3", "--workdir={T}/w_typo"],

@@ -203,10 +203,20 @@ def _tiny_checkpoint(tmp_path):
   return ck, cfg
 
 
+def test_mem_layers_one_parser_for_every_command():
+  """evaluate, ask, the readout and lm_harness (after its ':' -> ',') read --mem_layers with cli.parse_mem_layers."""
+  from fot_jax import cli
+  assert cli.parse_mem_layers(" 6,17 ") == (6, 17) and cli.parse_mem_layers("None") == ()
+  assert cli.parse_mem_layers("ALL") == "all" and cli.parse_mem_layers("auto:3", auto=True) == "auto:3"
+  for bad, auto in (("x,y", True), ("-1", False), ("6,,7", False), ("auto:0", True), ("auto:3", False)):
+    with pytest.raises(ValueError, match="mem_layers"):
+      cli.parse_mem_layers(bad, auto=auto)
+
+
 def test_mem_layers_auto(tmp_path, capsys):
-  from fot_jax import evaluate
+  from fot_jax import cli
   ck, cfg = _tiny_checkpoint(tmp_path)
-  assert evaluate._layers("AUTO:2") == "auto:2"  # checked on the command line, resolved once the model loads
+  assert cli.parse_mem_layers("AUTO:2", auto=True) == "auto:2"  # checked on the command line, resolved once the model loads
   got = heads.resolve_auto_layers("auto:2", ck)
   assert "memory layers" in capsys.readouterr().out
   from data_pipelines import vocab as vocab_lib
@@ -218,7 +228,7 @@ def test_mem_layers_auto(tmp_path, capsys):
   assert heads.resolve_auto_layers("AUTO:1", ck) == heads.pick_layers(res, 1)  # the helper, any case
   for bad, msg in (("auto:0", "positive"), ("auto:x", "positive"), ("auto:", "positive")):
     with pytest.raises(ValueError, match=msg) as e:
-      evaluate._layers(bad)  # before anything loads
+      cli.parse_mem_layers(bad, auto=True)  # before anything loads
     assert "\n" not in str(e.value)
   with pytest.raises(ValueError, match="only 3 layers") as e:
     heads.resolve_auto_layers("auto:4", ck)

@@ -51,6 +51,12 @@ def test_the_readout_answers_as_a_whole_read_with_each_k():
   assert [t["token"] for t in per_token] == ["60", "61", "62", "63"]
   for t in per_token:
     assert t["rank"] >= 0 and 0.0 <= t["mass"] <= 1.0 and len(t["top_tokens"]) == 4
+    assert 0.0 <= t["whole"] <= t["mass"] + 1e-6 and len(t["memory_shares"]) == cfg.num_heads
+  # the token written instead of the answer's first, where memory holds it (none when it is right)
+  first = r["by_k"]["4"]["answer"].split()[0]
+  assert (r["rival"] is None) == (first == "60")
+  if r["rival"] is not None:
+    assert r["rival"]["token"] == first and r["rival"]["entries"] == int((ids[:len(ids) - WINDOW] == int(first)).sum())
 
 
 def test_the_readouts_top_entries_are_the_indexs():
@@ -76,6 +82,16 @@ def test_the_readouts_top_entries_are_the_indexs():
   soft = np.exp(scores - scores.max(-1, keepdims=True))
   dense = (soft[..., targets].sum(-1) / soft.sum(-1)).max()
   assert got["mass_by_k"][str(10 ** 6)] == pytest.approx(dense, rel=1e-5)
+  # the whole softmax (local window beside the top-k): local keys far below memory's leave the top-k's
+  # shares; far above, memory gets nothing; equal to the head's best memory score, memory's share is k / (k + S)
+  kv, g, _ = q.shape
+  best = scores.max(-1)  # [KV, G]
+  for offset, want_memory in ((-1e4, 1.0), (1e4, 0.0)):
+    got = readout._targets_read(store, q, targets, 4, local=np.broadcast_to((best + offset)[..., None], (kv, g, 7)))
+    assert got["memory_shares"] == pytest.approx([want_memory] * (kv * g), abs=1e-6)
+    assert got["whole"] == pytest.approx(got["mass"] if want_memory else 0.0, abs=1e-6)
+  got = readout._targets_read(store, q, targets, 1, local=np.broadcast_to(best[..., None], (kv, g, 3)))
+  assert got["memory_shares"] == pytest.approx([1 / 4] * (kv * g))
 
 
 def test_readout_refuses_what_it_cannot_read():

@@ -31,7 +31,7 @@ import numpy as np
 
 from data_pipelines import vocab as vocab_lib
 from fot_jax.convert.api import from_pretrained
-from fot_jax.eval.settings import parse_auto
+from fot_jax.cli import parse_auto
 from fot_jax.eval.report import plot_heads
 from fot_jax.model import position_strategies
 from fot_jax.model.config import ModelConfig

@@ -48,7 +48,6 @@ from data_pipelines.vocab import HFVocab
 from fot_jax import chat, cli
 from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import heads
-from fot_jax.evaluate import _layers as parse_layers
 from fot_jax.host_memory import KINDS as HOST_KINDS
 from fot_jax.host_memory import HostMemoryInference
 from fot_jax.inference import MemoryInference, end_aligned, forward_window, start_aligned
@@ -121,7 +120,7 @@ def _mem_layers(value):
   if not text.startswith("auto"):
     text = text.replace(LAYER_SEPARATOR, ",").replace("+", ",")
   try:
-    return parse_layers(text)
+    return cli.parse_mem_layers(text, auto=True)
   except ValueError:
     _fail("mem_layers", f"expected 0-based layers separated by '{LAYER_SEPARATOR}' (e.g. 6:17:18:20), 'all', "
                         f"'none' or 'auto:N', got {value!r}")

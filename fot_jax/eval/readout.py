@@ -35,7 +35,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from fot_jax.cli import expected_errors
+from fot_jax.cli import expected_errors, parse_mem_layers
 from fot_jax.convert.api import from_pretrained
 from fot_jax.eval import passkey, retrieval
 from fot_jax.host_memory import HostMemoryInference
@@ -50,13 +50,18 @@ def occurrences(ids: np.ndarray, answer: np.ndarray, before: int) -> List[int]:
   return [s for s in range(0, before - n + 1) if np.array_equal(ids[s:s + n], answer)]
 
 
-def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = ()) -> Dict:
+def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = (), local=None) -> Dict:
   """One layer, one answer position: q [KV, G, D] (scaled queries) against the row's memory ->
   the best rank of a target over query heads, the largest top-k softmax share on targets, its
-  head and that head's top entries (indices); `mass_by_k`: the largest share at each k of ks."""
+  head and that head's top entries (indices); `mass_by_k`: the largest share at each k of ks.
+  With `local` ([KV, G, S]: the query's scores of its visible local keys) the attention's whole
+  softmax too (local window and the top-k of memory, as the layer reads them): `whole`, the largest
+  share of it on targets over heads (`whole_head`), and `memory_shares`, each head's share on memory."""
   keys = store.keys[:store.size]  # [N, KV, D]
   kv, g, _ = q.shape
   best = {"rank": None, "mass": -1.0, "head": None, "top": [], "mass_by_k": {str(k): 0.0 for k in ks}}
+  if local is not None:
+    best.update(whole=-1.0, whole_head=None, memory_shares=[])
   widest = min(max([topk, *ks]), store.size)
   for h in range(kv):
     scores = keys[:, h] @ q[h].T  # [N, G]
@@ -74,6 +79,14 @@ def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = 
         best.update(mass=share(topk), head=h * g + j, top=top[:min(5, topk)].tolist())
       for k in ks:
         best["mass_by_k"][str(k)] = max(best["mass_by_k"][str(k)], share(k))
+      if local is not None:  # the whole softmax, local window and the top-k of memory
+        m = max(s[top[0]], local[h, j].max())
+        on_memory = np.exp(s[top[:topk]] - m)
+        total = float(on_memory.sum() + np.exp(local[h, j] - m).sum())
+        whole = float(on_memory[hit[:topk]].sum()) / total
+        best["memory_shares"].append(float(on_memory.sum()) / total)
+        if whole > best["whole"]:
+          best.update(whole=whole, whole_head=h * g + j)
   return best
 
 
@@ -114,18 +127,36 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   cols = np.arange(answer_start, len(ids)) + pad - col0 - 1
   own = inference.topk
   memory.seen_queries = {}
-  inference._window(last, last_mask, memory, want_logits=False)  # the queries at the inference's own k
+  # the queries and the local keys (every layer's cache) at the inference's own k
+  own_logits, _, cache = inference._window(last, last_mask, memory, want_logits=True, want_cache=True)
   seen, memory.seen_queries = memory.seen_queries, None
+  live = np.asarray(last_mask[0], bool)
+
+  def read(layer, c, targets):
+    q = seen[layer][0, c]  # [KV, G, D]
+    local_keys = np.asarray(cache[layer][0][0], np.float32)[:c + 1][live[:c + 1]]  # rotated, as scored
+    return _targets_read(memory.stores[0][layer], q, np.asarray(targets), own, ks,
+                         local=np.einsum("kgd,skd->kgs", q, local_keys))
+
   layers = {}
   for layer in sorted(seen):
-    store = memory.stores[0][layer]
     per_token = []
     for j, c in enumerate(cols):
-      r = _targets_read(store, seen[layer][0, c], np.asarray([s + j for s in occ]), own, ks)
+      r = read(layer, c, [s + j for s in occ])
       r["top_tokens"] = [vocab.decode([int(ids[e])]) for e in r.pop("top")]
       r["token"] = vocab.decode([int(answer[j])])
       per_token.append(r)
     layers[str(layer)] = per_token
+  # a first token written in the answer's place: the memory entries that hold it, read as the targets are
+  written = int(np.argmax(np.asarray(own_logits)[0, cols[0]]))
+  rival = None
+  if written != int(answer[0]):
+    held = np.flatnonzero(ids[:col0 - pad] == written)
+    rival = {"token": vocab.decode([written]), "entries": int(len(held)), "layers": {}}
+    for layer in sorted(seen) if len(held) else ():
+      r = read(layer, cols[0], held)
+      r["top_tokens"] = [vocab.decode([int(ids[e])]) for e in r.pop("top")]
+      rival["layers"][str(layer)] = r
   by_k = {}
   for k in ks:
     logits, _ = inference._window(last, last_mask, memory, want_logits=True, topk=int(k))
@@ -140,7 +171,7 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
     off[name] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
           "expected": vocab.decode([int(x) for x in answer]), "topk": own, "layers": layers, "by_k": by_k,
-          "layer_off": off, "recall": memory.recall, "build_s": build_s}
+          "layer_off": off, "rival": rival, "recall": memory.recall, "build_s": build_s}
 
 
 class _Silenced:
@@ -158,14 +189,22 @@ class _Silenced:
 
 
 def summary_lines(name: str, r: Dict) -> List[str]:
-  """A readable digest of one readout: per layer, the first answer token's target rank and mass;
-  the answer at each k."""
+  """A readable digest of one readout: per layer, the first answer token's target rank and mass (of
+  the top-k over memory and of the whole softmax, local window included), each head's share on memory;
+  the token written instead and where memory holds it; the answer at each k."""
   out = [f"{name}: {r['tokens']:,} tokens, expected {r['expected']!r}, memory {r['memory_entries']:,} entries"]
   for layer, toks in r["layers"].items():
     first = toks[0]
     ranks = " ".join(str(t["rank"]) for t in toks)
     out.append(f"  layer {layer}: first token {first['token']!r}: rank {first['rank']}, top-{r['topk']} mass "
-               f"{first['mass']:.2f} (head {first['head']}; top {first['top_tokens']}); ranks by token: {ranks}")
+               f"{first['mass']:.2f} (head {first['head']}; top {first['top_tokens']}); ranks by token: {ranks}; "
+               f"of the whole softmax {first['whole']:.2f} (head {first['whole_head']}); memory's share by head "
+               + " ".join(f"{m:.2f}" for m in first["memory_shares"]))
+  if r.get("rival"):
+    rv = r["rival"]
+    out.append(f"  written instead: {rv['token']!r}, held by {rv['entries']} memory entries; " + "; ".join(
+        f"layer {layer} rank {x['rank']}, top-{r['topk']} mass {x['mass']:.2f}, whole {x['whole']:.2f} "
+        f"(head {x['whole_head']})" for layer, x in rv["layers"].items()))
   share = {k: max(t[0]["mass_by_k"][k] for t in r["layers"].values()) for k in r["by_k"]}
   out.append("  first token's largest target share by k: " + ", ".join(f"{k}: {v:.2f}" for k, v in share.items()))
   for what, key in (("answer by k", "by_k"), ("answer with a layer's memory left out", "layer_off")):
@@ -184,7 +223,7 @@ def main(argv=None) -> None:
   ap.add_argument("--ks", default="1,4,8,16,32,64,128", help="top-k values the question's window is read with")
   ap.add_argument("--index", default="ivf", choices=("flat", "ivf"))
   ap.add_argument("--nprobe", type=int, default=8)
-  ap.add_argument("--mem_layers", default=None, help="comma-separated 0-based memory layers over the checkpoint's "
+  ap.add_argument("--mem_layers", default=None, help="memory layers over the checkpoint's: comma-separated 0-based, or 'all' "
                   "(e.g. an import's; memory keys then at position 0, as LongLLaMA's)")
   ap.add_argument("--vocab", default="", help="vocabulary spec (default: the checkpoint's own, as the suites read it)")
   ap.add_argument("--seed", type=int, default=0, help="the passkey suite's seed (--eval.seed)")
@@ -200,9 +239,9 @@ def main(argv=None) -> None:
   overrides = {}
   if a.mem_layers:
     try:
-      overrides = {"mem_layers": tuple(int(x) for x in a.mem_layers.split(",")), "mem_positions": "first"}
-    except ValueError:
-      ap.error(f"--mem_layers is comma-separated layer numbers, got {a.mem_layers!r}")
+      overrides = {"mem_layers": parse_mem_layers(a.mem_layers), "mem_positions": "first"}
+    except ValueError as e:
+      ap.error(str(e))
   with expected_errors(PROG):  # a missing checkpoint, a prompt memory cannot hold: one line, no traceback
     model = from_pretrained(a.checkpoint, **overrides)
     if not model.cfg.mem_layers:

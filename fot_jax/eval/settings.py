@@ -197,12 +197,3 @@ def _checked(value, kind, checks: Mapping[str, Any], where: str):
 def default_config() -> ml_collections.ConfigDict:
   """SuiteSettings' defaults as a ConfigDict (tuples stay tuples: the command line overrides those)."""
   return ml_collections.ConfigDict(dataclasses.asdict(SuiteSettings()))
-
-
-def parse_auto(spec: str) -> int:
-  """'auto:N' -> N (a positive integer); anything else raises one ValueError line."""
-  text = str(spec).strip().lower()
-  head, _, n = text.partition(":")
-  if head != "auto" or not n.strip().isdigit() or int(n) < 1:
-    raise ValueError(f"--mem_layers={spec}: expected auto:N with N a positive number of layers")
-  return int(n)
