@@ -133,3 +133,23 @@ def test_the_readout_cli_reads_the_passkey_suites_prompts(tmp_path):
   assert r["expected"] == p["expected"] and r["tokens"] == p["tokens"]
   assert r["by_k"]["4"]["answer"] == p["answer"] and r["by_k"]["4"]["correct"] == p["correct"]
   assert set(r["layers"]) == {"1"} and len(r["layers"]["1"]) == len(p["expected"])  # bytes: a token a character
+
+
+def test_write_local_memory_holds_each_window_read_alone():
+  """HostMemory.reading False (the readout's --write_local): each window's memory entries are its keys and
+  values with no memory read, those of the window run alone; reading, a later memory layer's keys differ."""
+  cfg, params = _model((0, 1))  # layer 1's keys depend on layer 0's memory read
+  ids, _ = _prompt()
+  inf = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="flat")
+  local, read = inf.new_memory(1), inf.new_memory(1)
+  local.reading = False
+  inf.process(ids[None, :3 * WINDOW], local, want_logits=False)
+  inf.process(ids[None, :3 * WINDOW], read, want_logits=False)
+  for w in range(3):
+    _, alone = inf._window(ids[None, w * WINDOW:(w + 1) * WINDOW], np.ones((1, WINDOW), bool), inf.new_memory(1),
+                           want_logits=False)
+    for layer in (0, 1):
+      np.testing.assert_allclose(local.stores[0][layer].keys[w * WINDOW:(w + 1) * WINDOW], alone[layer][0][0],
+                                 rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(local.stores[0][0].keys[:3 * WINDOW], read.stores[0][0].keys[:3 * WINDOW])
+  assert np.abs(local.stores[0][1].keys[WINDOW:3 * WINDOW] - read.stores[0][1].keys[WINDOW:3 * WINDOW]).max() > 1e-3

@@ -14,7 +14,12 @@ window (question and answer, end-aligned as the suites place them) is read again
   the inference's own top-k, so only the reading at the question changes;
 * the answer with one memory layer's read left out at the question's window (that layer attends to
   its local window only), with every one's left out (the window alone), and with one layer's read
-  kept alone ("only L": the others see their local window).
+  kept alone ("only L": the others see their local window);
+* the first answer token's share of each memory layer's whole softmax (local window and top-k of
+  memory), each head's share on memory, and for a wrong first token the memory entries that hold
+  the token written instead, read as the targets are (a copy from memory, or not).
+`--write_local` writes memory without memory reads, to tell the writing's part of a miss from the
+reading's.
 
 So a miss is told apart: the target ranked low (the keys: a training matter), ranked high but
 sharing the softmax with look-alikes (more k hurts, less helps), or read and still not copied.
@@ -102,9 +107,11 @@ def _answered(vocab, logits: np.ndarray, answer: np.ndarray) -> Dict:
 
 
 def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_start: int,
-             ks: Sequence[int]) -> Dict:
+             ks: Sequence[int], write_local: bool = False) -> Dict:
   """ids: bos + prompt + answer (retrieval.encode), the answer from answer_start -> the readout
-  (module docstring) as a dict."""
+  (module docstring) as a dict. write_local: memory written without memory reads (each earlier
+  window's keys and values from its local window alone), the question's window reading it as
+  always: a length effect that stays is the reading's, one that goes was the writing's."""
   ids = np.asarray(ids, np.int32)
   answer = ids[answer_start:]
   occ = occurrences(ids, answer, answer_start)
@@ -120,7 +127,9 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
     raise ValueError("readout: the answer occurs only in the question's own window, not in memory")
   memory = inference.new_memory(1)
   t0 = time.perf_counter()
+  memory.reading = not write_local
   inference.process(placed[:, :col0], memory, mask[:, :col0], want_logits=False)
+  memory.reading = True  # the question's window reads memory as always
   build_s = time.perf_counter() - t0
   last, last_mask = placed[:, col0:], mask[:, col0:]
   # the columns (in the last window) whose logits predict each answer token
@@ -171,7 +180,7 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
     off[name] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
           "expected": vocab.decode([int(x) for x in answer]), "topk": own, "layers": layers, "by_k": by_k,
-          "layer_off": off, "rival": rival, "recall": memory.recall, "build_s": build_s}
+          "layer_off": off, "rival": rival, "recall": memory.recall, "build_s": build_s, "write_local": write_local}
 
 
 class _Silenced:
@@ -227,6 +236,8 @@ def main(argv=None) -> None:
                   "(e.g. an import's; memory keys then at position 0, as LongLLaMA's)")
   ap.add_argument("--vocab", default="", help="vocabulary spec (default: the checkpoint's own, as the suites read it)")
   ap.add_argument("--seed", type=int, default=0, help="the passkey suite's seed (--eval.seed)")
+  ap.add_argument("--write_local", action="store_true", help="memory written without memory reads (each window's "
+                  "keys and values from its local window alone); the question's window reads it as always")
   ap.add_argument("--out", default=None, help="JSON file for the readouts")
   a = ap.parse_args(argv)
   try:
@@ -254,7 +265,7 @@ def main(argv=None) -> None:
     for di, depth in enumerate(depths):
       prompt, ans = make_prompt(a.length, depth, retrieval.cell_rng(a.seed, a.length, di))  # the suite's prompts
       ids, start = retrieval.encode(vocab, prompt, ans)
-      r = dict(read_out(inference, vocab, ids, start, ks), depth=depth, length=a.length)
+      r = dict(read_out(inference, vocab, ids, start, ks, a.write_local), depth=depth, length=a.length)
       results.append(r)
       print("\n".join(summary_lines(f"passkey {a.length:,} depth {depth}", r)), flush=True)
       if a.out:
