@@ -52,6 +52,7 @@ def test_the_readout_answers_as_a_whole_read_with_each_k():
   for t in per_token:
     assert t["rank"] >= 0 and 0.0 <= t["mass"] <= 1.0 and len(t["top_tokens"]) == 4
     assert 0.0 <= t["whole"] <= t["mass"] + 1e-6 and len(t["memory_shares"]) == cfg.num_heads
+    assert len(t["starts"]) == cfg.num_heads and all(x in [i / 4 for i in range(5)] for x in t["starts"])
   # the token written instead of the answer's first, where memory holds it (none when it is right)
   first = r["by_k"]["4"]["answer"].split()[0]
   assert (r["rival"] is None) == (first == "60")
@@ -92,6 +93,12 @@ def test_the_readouts_top_entries_are_the_indexs():
     assert got["whole"] == pytest.approx(got["mass"] if want_memory else 0.0, abs=1e-6)
   got = readout._targets_read(store, q, targets, 1, local=np.broadcast_to(best[..., None], (kv, g, 3)))
   assert got["memory_shares"] == pytest.approx([1 / 4] * (kv * g))
+  # entries marked as window starts: each head's share of its top-k among them
+  marked = np.zeros(store.size, bool)
+  marked[::2] = True
+  got = readout._targets_read(store, q, targets, 4, at_start=marked)
+  top4 = np.argsort(-scores, -1)[..., :4].reshape(kv * g, 4)
+  assert got["starts"] == pytest.approx([marked[t].mean() for t in top4])
 
 
 def test_readout_refuses_what_it_cannot_read():

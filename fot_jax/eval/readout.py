@@ -16,8 +16,9 @@ window (question and answer, end-aligned as the suites place them) is read again
   its local window only), with every one's left out (the window alone), and with one layer's read
   kept alone ("only L": the others see their local window);
 * the first answer token's share of each memory layer's whole softmax (local window and top-k of
-  memory), each head's share on memory, and for a wrong first token the memory entries that hold
-  the token written instead, read as the targets are (a copy from memory, or not).
+  memory), each head's share on memory and how much of its top-k is its windows' first tokens
+  (where each window's attention sinks are), and for a wrong first token the memory entries that
+  hold the token written instead, read as the targets are (a copy from memory, or not).
 `--write_local` writes memory without memory reads, to tell the writing's part of a miss from the
 reading's.
 
@@ -47,6 +48,8 @@ from fot_jax.host_memory import HostMemoryInference
 from fot_jax.inference import end_aligned
 
 PROG = "fot_jax.eval.readout"
+# a window's first tokens: where each window's attention sinks are (StreamingLLM keeps 4), in memory too
+WINDOW_START = 4
 
 
 def occurrences(ids: np.ndarray, answer: np.ndarray, before: int) -> List[int]:
@@ -55,18 +58,23 @@ def occurrences(ids: np.ndarray, answer: np.ndarray, before: int) -> List[int]:
   return [s for s in range(0, before - n + 1) if np.array_equal(ids[s:s + n], answer)]
 
 
-def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = (), local=None) -> Dict:
+def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = (), local=None,
+                  at_start=None) -> Dict:
   """One layer, one answer position: q [KV, G, D] (scaled queries) against the row's memory ->
   the best rank of a target over query heads, the largest top-k softmax share on targets, its
   head and that head's top entries (indices); `mass_by_k`: the largest share at each k of ks.
   With `local` ([KV, G, S]: the query's scores of its visible local keys) the attention's whole
   softmax too (local window and the top-k of memory, as the layer reads them): `whole`, the largest
-  share of it on targets over heads (`whole_head`), and `memory_shares`, each head's share on memory."""
+  share of it on targets over heads (`whole_head`), and `memory_shares`, each head's share on memory.
+  at_start ([N] bool: entries among their window's first tokens, where a window's attention sinks
+  are): `starts`, each head's share of its top-k entries that are such."""
   keys = store.keys[:store.size]  # [N, KV, D]
   kv, g, _ = q.shape
   best = {"rank": None, "mass": -1.0, "head": None, "top": [], "mass_by_k": {str(k): 0.0 for k in ks}}
   if local is not None:
     best.update(whole=-1.0, whole_head=None, memory_shares=[])
+  if at_start is not None:
+    best["starts"] = []
   widest = min(max([topk, *ks]), store.size)
   for h in range(kv):
     scores = keys[:, h] @ q[h].T  # [N, G]
@@ -92,6 +100,8 @@ def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = 
         best["memory_shares"].append(float(on_memory.sum()) / total)
         if whole > best["whole"]:
           best.update(whole=whole, whole_head=h * g + j)
+      if at_start is not None:
+        best["starts"].append(float(at_start[top[:topk]].mean()))
   return best
 
 
@@ -140,12 +150,14 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   own_logits, _, cache = inference._window(last, last_mask, memory, want_logits=True, want_cache=True)
   seen, memory.seen_queries = memory.seen_queries, None
   live = np.asarray(last_mask[0], bool)
+  entry = np.arange(col0 - pad)  # entry e holds ids[e], at column e + pad of the placed prompt
+  at_start = ((entry + pad) % w < WINDOW_START) | (entry < WINDOW_START)  # the first window: after its padding
 
   def read(layer, c, targets):
     q = seen[layer][0, c]  # [KV, G, D]
     local_keys = np.asarray(cache[layer][0][0], np.float32)[:c + 1][live[:c + 1]]  # rotated, as scored
     return _targets_read(memory.stores[0][layer], q, np.asarray(targets), own, ks,
-                         local=np.einsum("kgd,skd->kgs", q, local_keys))
+                         local=np.einsum("kgd,skd->kgs", q, local_keys), at_start=at_start)
 
   layers = {}
   for layer in sorted(seen):
@@ -208,7 +220,8 @@ def summary_lines(name: str, r: Dict) -> List[str]:
     out.append(f"  layer {layer}: first token {first['token']!r}: rank {first['rank']}, top-{r['topk']} mass "
                f"{first['mass']:.2f} (head {first['head']}; top {first['top_tokens']}); ranks by token: {ranks}; "
                f"of the whole softmax {first['whole']:.2f} (head {first['whole_head']}); memory's share by head "
-               + " ".join(f"{m:.2f}" for m in first["memory_shares"]))
+               + " ".join(f"{m:.2f}" for m in first["memory_shares"])
+               + f"; top-{r['topk']} at window starts by head " + " ".join(f"{m:.2f}" for m in first["starts"]))
   if r.get("rival"):
     rv = r["rival"]
     out.append(f"  written instead: {rv['token']!r}, held by {rv['entries']} memory entries; " + "; ".join(
