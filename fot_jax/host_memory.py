@@ -120,8 +120,9 @@ class HostMemory:
     self.rng = np.random.default_rng(0)
     # {layer: queries [B, T, KV, G, D]} of the last window read, kept when a dict (fot_jax/eval/readout.py)
     self.seen_queries: Optional[Dict[int, np.ndarray]] = None
-    # False: gather retrieves nothing, so windows are written from their local window alone (readout --write_local)
-    self.reading = True
+    # memory layers whose gather retrieves nothing: their attention sees the local window only (the
+    # readout's left-out reads; every layer while memory is written: its --write_local)
+    self.quiet_layers: frozenset = frozenset()
 
   @property
   def size(self) -> int:
@@ -153,7 +154,7 @@ class HostMemory:
     token_mask [B, T]: the real tokens, whose queries the recall samples (padding's are searched
     but never counted)."""
     k = min(k, self.size)
-    if k == 0 or not self.reading:
+    if k == 0 or layer in self.quiet_layers:
       return None
     q = np.asarray(queries, np.float32)
     if self.seen_queries is not None:

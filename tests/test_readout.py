@@ -143,13 +143,13 @@ def test_the_readout_cli_reads_the_passkey_suites_prompts(tmp_path):
 
 
 def test_write_local_memory_holds_each_window_read_alone():
-  """HostMemory.reading False (the readout's --write_local): each window's memory entries are its keys and
+  """Every layer in HostMemory.quiet_layers (the readout's --write_local): each window's memory entries are its keys and
   values with no memory read, those of the window run alone; reading, a later memory layer's keys differ."""
   cfg, params = _model((0, 1))  # layer 1's keys depend on layer 0's memory read
   ids, _ = _prompt()
   inf = HostMemoryInference(cfg, params, WINDOW, topk=4, kind="flat")
   local, read = inf.new_memory(1), inf.new_memory(1)
-  local.reading = False
+  local.quiet_layers = frozenset((0, 1))
   inf.process(ids[None, :3 * WINDOW], local, want_logits=False)
   inf.process(ids[None, :3 * WINDOW], read, want_logits=False)
   for w in range(3):

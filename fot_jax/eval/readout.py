@@ -137,9 +137,9 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
     raise ValueError("readout: the answer occurs only in the question's own window, not in memory")
   memory = inference.new_memory(1)
   t0 = time.perf_counter()
-  memory.reading = not write_local
+  memory.quiet_layers = frozenset(memory.stores[0]) if write_local else frozenset()
   inference.process(placed[:, :col0], memory, mask[:, :col0], want_logits=False)
-  memory.reading = True  # the question's window reads memory as always
+  memory.quiet_layers = frozenset()  # the question's window reads memory as always
   build_s = time.perf_counter() - t0
   last, last_mask = placed[:, col0:], mask[:, col0:]
   # the columns (in the last window) whose logits predict each answer token
@@ -188,25 +188,13 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   silenced = ([(str(layer), {layer}) for layer in mem] + [("all", set(mem))]
               + [(f"only {layer}", set(mem) - {layer}) for layer in mem])
   for name, quiet in silenced:
-    logits, _ = inference._window(last, last_mask, _Silenced(memory, quiet), want_logits=True)
+    memory.quiet_layers = frozenset(quiet)
+    logits, _ = inference._window(last, last_mask, memory, want_logits=True)
     off[name] = _answered(vocab, np.asarray(logits)[0, cols], answer)
+  memory.quiet_layers = frozenset()
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
           "expected": vocab.decode([int(x) for x in answer]), "topk": own, "layers": layers, "by_k": by_k,
           "layer_off": off, "rival": rival, "recall": memory.recall, "build_s": build_s, "write_local": write_local}
-
-
-class _Silenced:
-  """A HostMemory whose `layers` read nothing (their attention sees the local window only)."""
-
-  def __init__(self, memory, layers):
-    self.memory, self.layers = memory, layers
-
-  @property
-  def size(self):
-    return self.memory.size
-
-  def gather(self, layer, *args, **kwargs):
-    return None if layer in self.layers else self.memory.gather(layer, *args, **kwargs)
 
 
 def summary_lines(name: str, r: Dict) -> List[str]:
