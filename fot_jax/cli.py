@@ -34,8 +34,8 @@ def parse_mem_layers(text, auto: bool = False):
   """A command line's memory layers: '6,17,18,20' -> a tuple of 0-based layers, 'none' / '' -> (),
   'all' -> 'all' (fot_jax.from_pretrained reads it as every layer), and with `auto` 'auto:N' as it is
   (the retrieval-head probe resolves it; N checked here, so a bad one fails before a model loads).
-  Anything else raises one ValueError line."""
-  text = str(text).strip().lower()
+  Anything else raises one ValueError line, quoting the text as given."""
+  given, text = text, str(text).strip().lower()
   if text in ("", "none"):
     return ()
   if text == "all":
@@ -49,7 +49,7 @@ def parse_mem_layers(text, auto: bool = False):
     layers = ()
   if not layers or min(layers) < 0:
     raise ValueError(f"--mem_layers: expected comma-separated 0-based layer numbers, 'all', 'none'"
-                     f"{' or auto:N' if auto else ''}, got {text!r}")
+                     f"{' or auto:N' if auto else ''}, got {given!r}")
   return layers
 
 

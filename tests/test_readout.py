@@ -40,8 +40,11 @@ def test_the_readout_answers_as_a_whole_read_with_each_k():
     assert r["by_k"][str(k)]["answer"] == _suite_answer(HostMemoryInference(cfg, params, WINDOW, k, "flat"), ids, start)
   # k past memory: dense memory's answer
   assert r["by_k"]["1000"]["answer"] == _suite_answer(MemoryInference(cfg, params, WINDOW, "dense"), ids, start)
-  for v in list(r["by_k"].values()) + list(r["layer_off"].values()):  # the first token's margin: > 0 iff it is written
-    assert (v["first_margin"] > 0) == (v["answer"].split()[0] == "60")
+  for v in list(r["by_k"].values()) + list(r["layer_off"].values()):  # each token's margin: > 0 iff it is written
+    assert [m > 0 for m in v["margins"]] == [a == b for a, b in zip(v["answer"].split(), ["60", "61", "62", "63"])]
+    assert v["first_margin"] == v["margins"][0]
+  lines = readout.summary_lines("p", r)
+  assert "window 16, written reading top-4 of a flat index" in lines[0] and "margins by answer token at k = 4" in lines[-1]
   # memory left out at the question's window: the answer of that window read alone
   alone = _suite_answer(MemoryInference(cfg, params, WINDOW, "dense"), ids[-WINDOW:], WINDOW - 4)
   assert r["layer_off"]["1"]["answer"] == r["layer_off"]["all"]["answer"] == alone

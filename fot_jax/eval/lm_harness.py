@@ -500,6 +500,23 @@ def _ruler_samples(argv: List[str]) -> List[str]:
   return out
 
 
+def _check_layer_commas(argv: Sequence[str]) -> None:
+  """`mem_layers=6,17` in --model_args: lm-eval's own parser would say only "expected `key=value`,
+  got '17'" (commas separate model arguments), so the layers' separator is named first."""
+  for i, a in enumerate(argv):
+    if a == "--model_args" and i + 1 < len(argv):
+      text = argv[i + 1]
+    elif a.startswith("--model_args="):
+      text = a[len("--model_args="):]
+    else:
+      continue
+    pieces = text.split(",")
+    for before, piece in zip(pieces, pieces[1:]):
+      if before.strip().startswith("mem_layers=") and "=" not in piece:
+        _fail("mem_layers", f"separate layers with '{LAYER_SEPARATOR}' (e.g. mem_layers=6{LAYER_SEPARATOR}17), "
+                            f"not ',' (commas separate model_args), got {text!r}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
   """lm-eval's command line (`python -m lm_eval ...`) with the model `fot_jax` registered; for
   --model fot_jax, model_args get the checkpoint's tokenizer directory (with_tokenizer) and are
@@ -514,6 +531,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       ours.setLevel(logging.getLogger("lm_eval").level)
       ours.handlers, ours.propagate = list(logging.getLogger("lm_eval").handlers), False
     argv = _ruler_samples(argv)
+    _check_layer_commas(argv)
     parser = HarnessCLI()
     saved, sys.argv = sys.argv, ["lm-eval"] + argv  # lm-eval's parser reads sys.argv
     try:

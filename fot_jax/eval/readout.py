@@ -106,14 +106,17 @@ def _targets_read(store, q, targets: np.ndarray, topk: int, ks: Sequence[int] = 
 
 
 def _answered(vocab, logits: np.ndarray, answer: np.ndarray) -> Dict:
-  """logits [A, V] at the answer's positions -> the argmax answer, right or not, and the first
-  token's margin: its logit minus the best other token's (negative: another token is written)."""
+  """logits [A, V] at the answer's positions (teacher-forced) -> the argmax answer, right or not, and
+  each answer token's margin: its logit minus the best other token's (negative: another token is
+  written there); `first_margin` the first token's (for SmolLM2 the bare " " before a number's digits)."""
   pred = np.argmax(logits, -1)
-  first = logits[0].copy()
-  want = float(first[answer[0]])
-  first[answer[0]] = -np.inf
+  margins = []
+  for row, want in zip(np.array(logits, np.float32), answer):
+    target = float(row[want])
+    row[want] = -np.inf
+    margins.append(target - float(row.max()))
   return {"answer": vocab.decode([int(x) for x in pred]), "correct": bool(np.array_equal(pred, answer)),
-          "first_margin": want - float(first.max())}
+          "first_margin": margins[0], "margins": margins}
 
 
 def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_start: int,
@@ -194,14 +197,17 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   memory.quiet_layers = frozenset()
   return {"tokens": int(len(ids)), "memory_entries": int(memory.size), "occurrences": [int(s) for s in occ],
           "expected": vocab.decode([int(x) for x in answer]), "topk": own, "layers": layers, "by_k": by_k,
-          "layer_off": off, "rival": rival, "recall": memory.recall, "build_s": build_s, "write_local": write_local}
+          "layer_off": off, "rival": rival, "recall": memory.recall, "build_s": build_s, "write_local": write_local,
+          "window": w, "index": inference.kind}
 
 
 def summary_lines(name: str, r: Dict) -> List[str]:
   """A readable digest of one readout: per layer, the first answer token's target rank and mass (of
   the top-k over memory and of the whole softmax, local window included), each head's share on memory;
   the token written instead and where memory holds it; the answer at each k."""
-  out = [f"{name}: {r['tokens']:,} tokens, expected {r['expected']!r}, memory {r['memory_entries']:,} entries"]
+  out = [f"{name}: {r['tokens']:,} tokens, expected {r['expected']!r}, memory {r['memory_entries']:,} entries "
+         f"(window {r['window']}, written reading top-{r['topk']} of a {r['index']} index"
+         f"{', then read: --write_local' if r['write_local'] else ''})"]
   for layer, toks in r["layers"].items():
     first = toks[0]
     ranks = " ".join(str(t["rank"]) for t in toks)
@@ -212,19 +218,31 @@ def summary_lines(name: str, r: Dict) -> List[str]:
                + f"; top-{r['topk']} at window starts by head " + " ".join(f"{m:.2f}" for m in first["starts"]))
   if r.get("rival"):
     rv = r["rival"]
-    out.append(f"  written instead: {rv['token']!r}, held by {rv['entries']} memory entries; " + "; ".join(
+    out.append(f"  written instead: {rv['token']!r}, memory entries holding it: {rv['entries']}; " + "; ".join(
         f"layer {layer} rank {x['rank']}, top-{r['topk']} mass {x['mass']:.2f}, whole {x['whole']:.2f} "
         f"(head {x['whole_head']})" for layer, x in rv["layers"].items()))
   share = {k: max(t[0]["mass_by_k"][k] for t in r["layers"].values()) for k in r["by_k"]}
   out.append("  first token's largest target share by k: " + ", ".join(f"{k}: {v:.2f}" for k, v in share.items()))
-  for what, key in (("answer by k", "by_k"), ("answer with a layer's memory left out", "layer_off")):
+  for what, key in (("answer by k (first token's margin)", "by_k"),
+                    ("answer with a layer's memory left out", "layer_off")):
     out.append(f"  {what}: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'} ({v['first_margin']:+.2f})"
                                          for k, v in r[key].items()))
+  k, v = next(((k, v) for k, v in r["by_k"].items() if k == str(r["topk"])), next(iter(r["by_k"].items())))
+  out.append(f"  margins by answer token at k = {k}: " + " ".join(f"{t['token']!r} {m:+.2f}" for t, m in zip(
+      next(iter(r["layers"].values())), v["margins"])))
   return out
 
 
+def _numbers(flag: str, text: str, kind) -> List:
+  try:
+    return [kind(x) for x in text.split(",")]
+  except ValueError:
+    raise ValueError(f"{flag}: comma-separated {kind.__name__}s expected, got {text!r}") from None
+
+
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
+  ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0],
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   ap.add_argument("--checkpoint", required=True)
   ap.add_argument("--length", type=int, required=True, help="prompt length in tokens (the passkey suite's)")
   ap.add_argument("--depths", default="0.5", help="comma-separated key depths in [0, 1] (one prompt each)")
@@ -233,7 +251,8 @@ def main(argv=None) -> None:
   ap.add_argument("--ks", default="1,4,8,16,32,64,128", help="top-k values the question's window is read with")
   ap.add_argument("--index", default="ivf", choices=("flat", "ivf"))
   ap.add_argument("--nprobe", type=int, default=8)
-  ap.add_argument("--mem_layers", default=None, help="memory layers over the checkpoint's: comma-separated 0-based, or 'all' "
+  ap.add_argument("--mem_layers", default=None, help="memory layers over the checkpoint's: comma-separated 0-based, "
+                  "'all' or 'none' "
                   "(e.g. an import's; memory keys then at position 0, as LongLLaMA's)")
   ap.add_argument("--vocab", default="", help="vocabulary spec (default: the checkpoint's own, as the suites read it)")
   ap.add_argument("--seed", type=int, default=0, help="the passkey suite's seed (--eval.seed)")
@@ -241,20 +260,17 @@ def main(argv=None) -> None:
                   "keys and values from its local window alone); the question's window reads it as always")
   ap.add_argument("--out", default=None, help="JSON file for the readouts")
   a = ap.parse_args(argv)
-  try:
-    depths = [float(x) for x in a.depths.split(",")]
-    ks = [int(x) for x in a.ks.split(",")]
-  except ValueError:
-    ap.error(f"--depths and --ks are comma-separated numbers, got {a.depths!r} / {a.ks!r}")
-  if not all(0 <= d <= 1 for d in depths) or min(ks) < 1 or a.length < 1:
-    ap.error("depths lie in [0, 1], every k and the length are positive")
-  overrides = {}
-  if a.mem_layers:
-    try:
+  with expected_errors(PROG):  # a bad value, a missing checkpoint, a prompt memory cannot hold: one line
+    depths, ks = _numbers("--depths", a.depths, float), _numbers("--ks", a.ks, int)
+    if not all(0 <= d <= 1 for d in depths):
+      raise ValueError(f"--depths: each depth lies in [0, 1], got {a.depths!r}")
+    if min(ks) < 1:
+      raise ValueError(f"--ks: each k is at least 1, got {a.ks!r}")
+    if a.length < 1 or a.window < 1 or a.topk < 1:
+      raise ValueError(f"--length, --window and --topk are positive, got {a.length}, {a.window}, {a.topk}")
+    overrides = {}
+    if a.mem_layers:
       overrides = {"mem_layers": parse_mem_layers(a.mem_layers), "mem_positions": "first"}
-    except ValueError as e:
-      ap.error(str(e))
-  with expected_errors(PROG):  # a missing checkpoint, a prompt memory cannot hold: one line, no traceback
     model = from_pretrained(a.checkpoint, **overrides)
     if not model.cfg.mem_layers:
       raise ValueError(f"{a.checkpoint} has no memory layers: add them with --mem_layers (comma-separated, "
