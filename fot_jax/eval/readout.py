@@ -159,15 +159,16 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   def read(layer, c, targets):
     q = seen[layer][0, c]  # [KV, G, D]
     local_keys = np.asarray(cache[layer][0][0], np.float32)[:c + 1][live[:c + 1]]  # rotated, as scored
-    return _targets_read(memory.stores[0][layer], q, np.asarray(targets), own, ks,
-                         local=np.einsum("kgd,skd->kgs", q, local_keys), at_start=at_start)
+    r = _targets_read(memory.stores[0][layer], q, np.asarray(targets), own, ks,
+                      local=np.einsum("kgd,skd->kgs", q, local_keys), at_start=at_start)
+    r["top_tokens"] = [vocab.decode([int(ids[e])]) for e in r.pop("top")]
+    return r
 
   layers = {}
   for layer in sorted(seen):
     per_token = []
     for j, c in enumerate(cols):
       r = read(layer, c, [s + j for s in occ])
-      r["top_tokens"] = [vocab.decode([int(ids[e])]) for e in r.pop("top")]
       r["token"] = vocab.decode([int(answer[j])])
       per_token.append(r)
     layers[str(layer)] = per_token
@@ -176,14 +177,11 @@ def read_out(inference: HostMemoryInference, vocab, ids: np.ndarray, answer_star
   rival = None
   if written != int(answer[0]):
     held = np.flatnonzero(ids[:col0 - pad] == written)
-    rival = {"token": vocab.decode([written]), "entries": int(len(held)), "layers": {}}
-    for layer in sorted(seen) if len(held) else ():
-      r = read(layer, cols[0], held)
-      r["top_tokens"] = [vocab.decode([int(ids[e])]) for e in r.pop("top")]
-      rival["layers"][str(layer)] = r
+    rival = {"token": vocab.decode([written]), "entries": int(len(held)),
+             "layers": {str(layer): read(layer, cols[0], held) for layer in sorted(seen)} if len(held) else {}}
   by_k = {}
-  for k in ks:
-    logits, _ = inference._window(last, last_mask, memory, want_logits=True, topk=int(k))
+  for k in ks:  # the own k's read is the one above
+    logits = own_logits if k == own else inference._window(last, last_mask, memory, want_logits=True, topk=int(k))[0]
     by_k[str(k)] = _answered(vocab, np.asarray(logits)[0, cols], answer)
   # the answer with one memory layer's read (or every one's) left out at the question's window, and
   # with one layer's read kept alone ("only L": which layer's read writes the answer)
@@ -227,9 +225,9 @@ def summary_lines(name: str, r: Dict) -> List[str]:
                     ("answer with a layer's memory left out", "layer_off")):
     out.append(f"  {what}: " + ", ".join(f"{k}: {v['answer']!r}{'' if v['correct'] else ' x'} ({v['first_margin']:+.2f})"
                                          for k, v in r[key].items()))
-  k, v = next(((k, v) for k, v in r["by_k"].items() if k == str(r["topk"])), next(iter(r["by_k"].items())))
+  k = str(r["topk"]) if str(r["topk"]) in r["by_k"] else next(iter(r["by_k"]))
   out.append(f"  margins by answer token at k = {k}: " + " ".join(f"{t['token']!r} {m:+.2f}" for t, m in zip(
-      next(iter(r["layers"].values())), v["margins"])))
+      next(iter(r["layers"].values())), r["by_k"][k]["margins"])))
   return out
 
 
