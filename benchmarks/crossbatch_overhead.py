@@ -21,6 +21,12 @@ One train state is threaded through all calls (the step donates it), so extra
 variants cost no extra parameter/optimizer memory. The batch and plans are put
 on the device once, so the timings exclude host-to-device copies.
 
+With --memory_tokens M, each d also runs as "d=D+mem": the same step with train.memory's read
+(every row's memory layers score M memory keys, shared by all rows, and read their top
+--memory_topk beside the window and the crossbatch contexts; fot_jax/train/far_memory.py), the
+memory random keys put on the device once (writing it is a forward pass, timed by the training
+log's "memory ... written in" lines, not here).
+
 The step gets the plan's static widths (crossbatch.pack_widths), so only the
 last window of each slot attends to its N * T extra keys; with --padded every
 row attends to all N plan columns (masked), as before rows paid only for their
@@ -36,8 +42,8 @@ tokens = 8192 tokens per step), --ds 1,8,64, --repeats 5, --warmup 1,
   python -m benchmarks.crossbatch_overhead --size dict_cpu \\
       --overrides '{"num_layers": 2, "dtype": "bfloat16"}'
 
-Columns: variant; N*T extra-context keys per query (for the last window of
-each slot); median step seconds; ratio to the plain step; the ratio the FLOP
+Columns: variant; extra keys per query: N*T extra-context keys (for the last
+window of each slot), plus M memory keys (every row) for +mem; median step seconds; ratio to the plain step; the ratio the FLOP
 count predicts: XLA's count of each compiled step over the plain one's (what
 the program computes: extra keys for every row), and the ideal (the plain
 count plus q.k and p.v FLOPs of only the live extra contexts, x3 for the
@@ -63,6 +69,7 @@ import numpy as np
 from fot_jax import crossbatch
 from fot_jax.model.config import get_size
 from fot_jax.model.init import init_params
+from fot_jax.model.memory import MemoryBlock
 from fot_jax.train import TrainState, make_optimizer, make_train_step, stacked_plan
 
 
@@ -84,6 +91,9 @@ def parse_args(argv=None):
                  help="no static widths: every row attends to all N plan columns (masked)")
   p.add_argument("--compile_only", action="store_true",
                  help="compile and report the FLOP ratios and compiled memory, run nothing")
+  p.add_argument("--memory_tokens", type=int, default=0,
+                 help="also time each d with a train.memory read of this many memory tokens (0: not)")
+  p.add_argument("--memory_topk", type=int, default=32, help="entries each query reads from that memory")
   p.add_argument("--json", default=None, help="write the results to this JSON file")
   return p.parse_args(argv)
 
@@ -113,6 +123,8 @@ def main(argv=None):
   if bad:
     sys.exit(f"--ds: every d must be in 1..{micro_slots} (slots per accumulation group = "
              f"--slots {args.slots} / --accum {args.accum}); got {bad}")
+  if args.memory_tokens < 0 or args.memory_topk < 1:
+    sys.exit(f"--memory_tokens must be >= 0 and --memory_topk >= 1, got {args.memory_tokens} / {args.memory_topk}")
   if not cfg.mem_layers:
     log("WARNING: the model has no memory layers; every plan costs the same as the plain step")
   tokens = rows * args.window
@@ -133,6 +145,14 @@ def main(argv=None):
   variants = [("plain", {}, 0)]
   for d in ds:
     variants.append((f"d={d}", {"d": d, "w": args.w}, d * args.w))
+  read_memory = {name + "+mem" for name, _, _ in variants[1:]} if args.memory_tokens else set()
+  variants += [(name + "+mem", spec, n) for name, spec, n in variants[1:] if name + "+mem" in read_memory]
+  memories = None
+  if read_memory:  # random keys/values, one block shared by every row (as train.memory's)
+    m, kv, dh = args.memory_tokens, cfg.kv_heads, cfg.dim_per_head
+    memories = jax.device_put({layer: [MemoryBlock(rng.standard_normal((1, m, kv, dh)).astype(np.float32),
+                                                   rng.standard_normal((1, m, kv, dh)).astype(np.float32),
+                                                   np.ones((1, m), bool))] for layer in cfg.mem_layers})
   plans, widths = {}, {}
   for name, spec, n in variants:
     sources, positive = stacked_plan(spec, rows, args.accum)
@@ -149,11 +169,14 @@ def main(argv=None):
   log(f"initialised {n_params:,} parameters in {time.time() - t0:.1f}s")
 
   step_fn = make_train_step(cfg, optimizer, args.accum)
+  step_mem = make_train_step(cfg, optimizer, args.accum, memory_topk=args.memory_topk) if read_memory else None
+  reads = lambda name: (memories,) if name in read_memory else ()  # the memory argument of a +mem step
   compiled, compile_s = {}, {}
   for name, spec, n in variants:
     log(f"compiling {name} (N={n}, plan {tuple(plans[name][0].shape)}, widths {widths[name]}) ...")
     t0 = time.time()
-    lowered = step_fn.lower(state, batch, *plans[name], widths[name])
+    fn = step_mem if name in read_memory else step_fn
+    lowered = fn.lower(state, batch, *plans[name], *reads(name), widths[name])
     t1 = time.time()
     compiled[name] = lowered.compile()
     t2 = time.time()
@@ -175,11 +198,14 @@ def main(argv=None):
     args.warmup = args.repeats = 0
   hd = cfg.num_heads * cfg.dim_per_head
   ideal = {name: flops["plain"] + 3 * 4 * len(cfg.mem_layers) * hd * args.window ** 2
-           * float((np.asarray(plans[name][0]) >= 0).sum()) for name, _, _ in variants}
+           * float((np.asarray(plans[name][0]) >= 0).sum())
+           # memory: q.k over all M keys (the top-k's p.v is negligible), x3 for the backward pass
+           + (3 * 2 * len(cfg.mem_layers) * hd * rows * args.window * args.memory_tokens if name in read_memory else 0)
+           for name, _, _ in variants}
 
   def call(name, state):
     t0 = time.perf_counter()
-    state, metrics = compiled[name](state, batch, *plans[name])
+    state, metrics = compiled[name](state, batch, *plans[name], *reads(name))
     jax.block_until_ready((state, metrics))
     return state, metrics, time.perf_counter() - t0
 
@@ -209,7 +235,8 @@ def main(argv=None):
   for name, spec, n in variants:
     ts = times[name]
     med = statistics.median(ts) if ts else float("nan")
-    results.append({"variant": name, "spec": spec, "num_sources": n, "extra_keys_per_query": n * args.window,
+    keys = n * args.window + (args.memory_tokens if name in read_memory else 0)
+    results.append({"variant": name, "spec": spec, "num_sources": n, "extra_keys_per_query": keys,
                     "median_s": med, "min_s": min(ts) if ts else float("nan"),
                     "max_s": max(ts) if ts else float("nan"), "ratio_to_plain": med / plain_med,
                     "tokens_per_s": tokens / med, "compile_s": compile_s[name],
@@ -217,7 +244,7 @@ def main(argv=None):
                     "ideal_flop_ratio": ideal[name] / flops["plain"], "temp_bytes": temp[name],
                     "warmup_last_s": warm_s[name], "times_s": ts})
 
-  header = f"{'variant':<10} {'N*T keys':>9} {'median s':>9} {'min s':>8} {'max s':>8} {'ratio':>7} " \
+  header = f"{'variant':<12} {'extra keys':>10} {'median s':>9} {'min s':>8} {'max s':>8} {'ratio':>7} " \
            f"{'XLA FLOPs':>9} {'ideal':>7} {'tokens/s':>11} {'compile s':>10} {'temp GiB':>9}"
   print()
   print(f"{args.size} {overrides or ''} | B={rows} rows x T={args.window} ({tokens} tokens), w={args.w}, "
@@ -226,7 +253,7 @@ def main(argv=None):
   print(header)
   print("-" * len(header))
   for r in results:
-    print(f"{r['variant']:<10} {r['extra_keys_per_query']:>9} {r['median_s']:>9.3f} {r['min_s']:>8.3f} "
+    print(f"{r['variant']:<12} {r['extra_keys_per_query']:>10} {r['median_s']:>9.3f} {r['min_s']:>8.3f} "
           f"{r['max_s']:>8.3f} {r['ratio_to_plain']:>6.2f}x {r['xla_flop_ratio']:>8.2f}x "
           f"{r['ideal_flop_ratio']:>6.2f}x {r['tokens_per_s']:>11,.0f} {r['compile_s']:>10.1f} "
           f"{r['temp_bytes'] / 2 ** 30:>9.2f}")

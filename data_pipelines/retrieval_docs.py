@@ -107,6 +107,7 @@ HAYSTACKS = ("repeat", "prose", "facts", "text")
 # one key and passed on from key to key: asked by the value, every key of the chain) and 'tally'
 # (a list in which a few entries recur: asked for the most frequent ones, most first). The two
 # last ones ask for what no single fact holds: a list gathered from several windows of memory.
+MEMORY_HAYSTACKS = ("repeat", "prose", "text")  # a memory haystack's kinds: no facts
 DOC_KINDS = ("lookup", "chain", "tally")
 # chain: {key} gets the kind of {other}; questions end where " k0, k1, ..." follows
 ALIAS_TEMPLATES = ("{key} takes the {kind} of {other}.", "Copy the {kind} of {other} to {key}.",
@@ -248,6 +249,19 @@ class RetrievalSpec:
   mentions: float = 0.0
   # the share of a lookup document's questions asked as a plain sentence (PLAIN_QUESTIONS)
   plain_questions: float = 0.0
+  # a long haystack per step (`RetrievalBatches.memory_tokens`) of this many tokens, drawn from
+  # memory_haystacks and holding no fact: what train.memory writes into the memory every row reads
+  memory_tokens: int = 0
+  memory_haystacks: Tuple[str, ...] = ("repeat", "text")
+
+  @property
+  def reads_text(self) -> bool:
+    """Whether a haystack (a document's or the memory's) is real text: haystack_task's passages."""
+    return "text" in self.haystacks or bool(self.memory_tokens and "text" in self.memory_haystacks)
+
+  @property
+  def wants_passages(self) -> bool:
+    return self.reads_text or "tally" in self.doc_kinds
 
   @classmethod
   def from_dict(cls, d: dict, where: str = "data.retrieval") -> "RetrievalSpec":
@@ -255,7 +269,7 @@ class RetrievalSpec:
     if unknown:
       raise ValueError(f"{where}: unknown field(s) {unknown}; known: {[f.name for f in dataclasses.fields(cls)]}")
     d = dict(d)
-    for f in ("facts", "queries", "haystacks", "doc_kinds"):
+    for f in ("facts", "queries", "haystacks", "doc_kinds", "memory_haystacks"):
       if f in d:
         d[f] = tuple(d[f])
     spec = cls(**d)
@@ -289,7 +303,12 @@ class RetrievalSpec:
       raise ValueError(f"{where}.text_scored_windows: must be >= 1, got {self.text_scored_windows}")
     if self.text_slots and not self.text_task:
       raise ValueError(f"{where}: text_slots={self.text_slots} needs a text_task")
-    if "text" in self.haystacks and not self.haystack_task:
+    bad = sorted(set(self.memory_haystacks) - set(MEMORY_HAYSTACKS))
+    if self.memory_tokens < 0 or bad or not self.memory_haystacks:
+      raise ValueError(f"{where}: memory_tokens >= 0 and memory_haystacks from {MEMORY_HAYSTACKS} expected (no "
+                       f"facts: a fact in every row's memory could contradict a document), got "
+                       f"{self.memory_tokens} / {list(self.memory_haystacks)}")
+    if self.reads_text and not self.haystack_task:
       raise ValueError(f"{where}: a 'text' haystack needs a haystack_task (a text task: files:PATTERN, jsonl:...)")
 
 
@@ -639,9 +658,9 @@ class RetrievalBatches:
                text_batches=None, haystack_texts: Optional[Sequence[str]] = None):
     spec.validate(windows=windows)
     self.passages = None
-    if "text" in spec.haystacks or "tally" in spec.doc_kinds:
+    if spec.wants_passages:
       self.passages = text_units(haystack_texts or ())
-      if not self.passages and "text" in spec.haystacks:
+      if not self.passages and spec.reads_text:
         raise ValueError(f"retrieval: the 'text' haystack's task {spec.haystack_task!r} has no document of 8 or "
                          f"more sentences")
     self.spec, self.slots, self.windows, self.window, self.seed = spec, slots, windows, window, seed
@@ -689,6 +708,17 @@ class RetrievalBatches:
       batch = {f: np.concatenate([batch[f], np.asarray(text[f]).astype(batch[f].dtype)]) for f in batch}
     batch["inputs"], batch["targets"] = batch["inputs"].astype(np.int32), batch["targets"].astype(np.int32)
     return batch
+
+  def memory_tokens(self, step: int) -> Optional[np.ndarray]:
+    """The step's memory haystack: spec.memory_tokens tokens (bos first) of one kind drawn from
+    spec.memory_haystacks, with no fact; None when the spec makes none. A pure function of (seed,
+    step), like the retrieval slots: a resumed run writes the same memory."""
+    if not self.spec.memory_tokens:
+      return None
+    rng = np.random.default_rng([self.seed, step, 31])
+    kind = self.spec.memory_haystacks[rng.integers(len(self.spec.memory_haystacks))]
+    pieces = haystack_pieces(kind, self.spec.memory_tokens - 1, self.tokens, rng, self.passages)
+    return np.asarray([self.bos] + [t for p in pieces for t in p], np.int32)
 
   def document(self, length: int, keys: KeyPool, rng: np.random.Generator, shared) -> Dict:
     """One document of a kind drawn from spec.doc_kinds (no draw for one kind: a lookup-only

@@ -100,7 +100,7 @@ def _shape(windows: int, window: int):
 
 
 # second stages from the mixed recipe's model: aggregate, and aggregate with mentions / plain questions
-SECOND_STAGES = ("aggregate", "mentions", "plain")
+SECOND_STAGES = ("aggregate", "mentions", "plain", "longmem")
 VARIANTS = ("base", "lookalike", "multikey", "mixed") + SECOND_STAGES
 # aggregate: a second stage that starts from the mixed recipe's tuned model
 MIXED_CHECKPOINT = "runs/smollm2_mixed/fot"
@@ -111,6 +111,10 @@ AGG_CHAT = 0.25  # share of the aggregate stage's lookups framed as a chat (lm-e
 MENTIONS = 0.5
 # plain: mentions, and this share of the lookups' questions asked as a sentence ending in "is"
 PLAIN = 0.5
+# longmem: aggregate, every row also reading a long haystack's memory (train.memory: written without
+# gradient by the model being trained, in windows of the evaluation's 512 tokens, top-32 reads, every
+# LONGMEM_REFRESH steps): repeated filler or real prose, no fact (fot_jax/train/far_memory.py)
+LONGMEM_TOKENS, LONGMEM_REFRESH = 16384, 5
 # Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
 # put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
 PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
@@ -170,6 +174,8 @@ def get_config(variant: str = "base"):
       mixed["mentions"] = MENTIONS
     if variant == "plain":
       mixed["plain_questions"] = PLAIN
+    if variant == "longmem":
+      mixed.update(memory_tokens=LONGMEM_TOKENS, memory_haystacks=("repeat", "text"))
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
         "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, doc_kinds=far_kinds,
@@ -206,6 +212,8 @@ def get_config(variant: str = "base"):
         {"name": "far", "task": "far", "spec": negatives, "steps": far}]
   if variant in SECOND_STAGES:
     c.train.init_from = MIXED_CHECKPOINT
+  if variant == "longmem":
+    c.train.memory = ml_collections.ConfigDict({"window": 512, "topk": 32, "refresh": LONGMEM_REFRESH})
   c.baseline.enabled = False
   # The run's own check (window = the training window): perplexity with 0 and 448 tokens of memory on
   # 4 held-out files. The issue's measurements (window 512) come from the evaluate CLI (docs/retrieval.md).

@@ -112,7 +112,7 @@ _SECTIONS = {
 }
 _SECTIONS["baselines"] = _SECTIONS["lm"] | {"baselines"}
 _FIELDS = {
-    ("lm", "train"): _RUN_FIELDS | {"init_from", "trainable", "curriculum"},
+    ("lm", "train"): _RUN_FIELDS | {"init_from", "trainable", "curriculum", "memory"},
     ("lm", "baseline"): {"enabled"},
     ("dictionary_lookup", "fot"): _RUN_FIELDS | {"window", "slots", "disjoint_keys", "curriculum"},
     ("dictionary_lookup", "baseline"): _RUN_FIELDS | {"window", "slots", "disjoint_keys", "enabled"},
@@ -185,7 +185,7 @@ def _train_settings(config, arm: str) -> TrainSettings:
             "checkpoint_every": t.checkpoint_every, "optim": config.optim, "mesh": config.get("mesh"),
             "crossbatch_scope": t.get("crossbatch_scope", "batch")}
   if lm:
-    fields.update(init_from=t.get("init_from"), trainable=t.get("trainable"))
+    fields.update(init_from=t.get("init_from"), trainable=t.get("trainable"), memory=t.get("memory"))
   return TrainSettings.from_dict(fields, "train" if lm else arm)
 
 
@@ -294,11 +294,26 @@ def _retrieval_feed(data: LMDataSettings, name: str) -> RetrievalSpec:
   fields = _plain(data.retrieval[name])
   if fields.get("text_slots") and not fields.get("text_task"):
     fields["text_task"] = data.corpus
-  if "text" in (fields.get("haystacks") or ()) and not fields.get("haystack_task"):
+  haystacks = tuple(fields.get("haystacks") or ()) + tuple(fields.get("memory_haystacks") or ())
+  if "text" in haystacks and not fields.get("haystack_task"):
     fields["haystack_task"] = data.corpus
   spec = RetrievalSpec.from_dict(fields, f"data.retrieval.{name}")
   spec.validate(f"data.retrieval.{name}", data.windows_per_slot)
   return spec
+
+
+def _check_memory_feeds(ts: TrainSettings, feeds) -> None:
+  """train.memory reads the haystack every phase's retrieval view makes (memory_tokens > 0); a view
+  that makes one is read only with train.memory."""
+  making = {task: isinstance(f, RetrievalSpec) and f.memory_tokens > 0 for task, f in feeds.items()}
+  if ts.memory is not None and not all(making.values()):
+    missing = [str(t) for t, m in making.items() if not m]
+    raise ValueError(f"train.memory: every phase's data must make a memory haystack (a data.retrieval view "
+                     f"with memory_tokens > 0); {missing} make none")
+  if ts.memory is None and any(making.values()):
+    views = [str(t) for t, m in making.items() if m]
+    raise ValueError(f"data.retrieval {views}: memory_tokens > 0 makes a haystack that only train.memory reads; "
+                     f"set train.memory (e.g. {{'window': 512, 'topk': 32, 'refresh': 5}}) or memory_tokens=0")
 
 
 def _lm_feeds(data: LMDataSettings, sched: Schedule, warmup: CopyWarmupSettings) -> Dict[Optional[str], Any]:
@@ -363,6 +378,7 @@ def _resolve_lm(config, check_data: bool) -> Experiment:
   sched = _schedule(curriculum, "train")
   warmup = _copy_warmup(config)
   feeds = _lm_feeds(data, sched, warmup)
+  _check_memory_feeds(ts, feeds)
   lm = LMExperiment(data=data, eval=LMEvalSettings.from_dict(config.eval, "eval"), feeds=feeds,
                     views=_corpus_views(data, feeds, _plain(config.data)),
                     no_crossbatch=bool(config.get("baseline", {}).get("enabled", False)),

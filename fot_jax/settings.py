@@ -118,6 +118,25 @@ class OptimSettings:
     return s
 
 
+@dataclasses.dataclass(frozen=True)
+class MemorySettings:
+  """Training beside a long forward-only memory (train.memory; fot_jax/train/far_memory.py): the
+  data's memory haystack (data.retrieval.memory_tokens) written window by window (`window`
+  tokens, each window's memory layers reading the memory before it, their top `topk` entries) by
+  the model being trained, without gradient, every `refresh` steps; every row's memory layers
+  read its top `topk` entries per query beside the window and the crossbatch contexts."""
+  window: int = 512
+  topk: int = 32
+  refresh: int = 5
+
+  @classmethod
+  def from_dict(cls, d, where: str = "train.memory") -> "MemorySettings":
+    if isinstance(d, MemorySettings):
+      return d
+    d = _known_fields(cls, _dict(d, where, "a dict of window, topk, refresh"), where)
+    return cls(**_ints(d, ("window", "topk", "refresh"), where, 1))
+
+
 LOSS_ON = ("all", "last")
 CROSSBATCH_SCOPES = ("batch", "device")
 
@@ -129,7 +148,9 @@ class TrainSettings:
   a pack), log_every, checkpoint_every (0: at the end only), tensorboard, init_from (an fot_jax
   checkpoint to start from; '' none), mesh (parallel.make_mesh's sizes and rules as a dict; None: data
   parallel over all devices), crossbatch_scope ('batch': negatives from any row of the global batch,
-  'device': only from rows on the same device), trainable (resolve_trainable's patterns; None: all)."""
+  'device': only from rows on the same device), trainable (resolve_trainable's patterns; None: all),
+  memory (MemorySettings: read a long memory written without gradient beside the crossbatch contexts;
+  None: no memory)."""
   steps: int
   optim: OptimSettings
   seed: int = 0
@@ -142,6 +163,7 @@ class TrainSettings:
   mesh: Optional[Dict[str, Any]] = None
   crossbatch_scope: str = "batch"
   trainable: Optional[Tuple[str, ...]] = None
+  memory: Optional[MemorySettings] = None
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any], where: str = "train") -> "TrainSettings":
@@ -171,6 +193,8 @@ class TrainSettings:
     if trainable is not None and not isinstance(trainable, str):
       trainable = tuple(str(x) for x in trainable)
     out["trainable"] = trainable
+    if d.get("memory") is not None:
+      out["memory"] = MemorySettings.from_dict(d["memory"], f"{where}.memory")
     return cls(**out)
 
   def to_dict(self) -> Dict[str, Any]:

@@ -234,6 +234,9 @@ CASES = [
     Case("readout_no_memory_layers", "--mem_layers=none: a model without memory layers", READOUT,
          ["--checkpoint={T}/trained/fot", "--length=300", "--mem_layers=none", "--vocab=byte"],
          ("no memory layers", "--mem_layers"), needs=("trained",)),
+    Case("main_memory_refresh_zero", "train.memory.refresh=0 (the long memory rewritten every 0 steps)", MAIN,
+         ["--config=experiments/smollm2_retrieval.py:longmem", "--config.train.init_from=",
+          "--config.train.memory.refresh=0", "--workdir={T}/w_memory"], ("train.memory.refresh", "positive")),
     # ---- issue 33: your corpus, checked before the first step
     Case("main_misspelt_field", "--config.train.stpes=3 (a field that does not exist)", MAIN,
          ["--config=experiments/stdlib_lm_tiny.py", "--config.train.stpes=3", "--workdir={T}/w_typo"],

@@ -124,7 +124,8 @@ class Attention(nn.Module):
     if memory_layer and plan is not None and plan[0].shape[-1] > 0:
       extra, rd = self._crossbatch(q, k_mem, v, token_mask, plan)
       aux.update(rd)
-    elif memory_layer and memory:
+    if memory_layer and memory:  # with a plan too: training beside a forward-only memory (train.memory)
+      crossbatch_part = extra
       if mem_mode == "dense":
         extra = ops.attend_memory(q, memory, min(mem_chunk, block))
       elif mem_mode == "topk":
@@ -137,7 +138,9 @@ class Attention(nn.Module):
         extra = mem.gathered_memory_partial(q, memory[0])
       else:
         raise ValueError(f"memory mode must be one of {mem.MEMORY_MODES}, got {mem_mode!r}")
-      if extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)
+      if crossbatch_part is not None:  # one softmax over the window, the crossbatch contexts and memory
+        extra = mem.merge(crossbatch_part, extra)  # r_d stays the crossbatch contexts' own
+      elif extra.pos is not None:  # memory marked with positives: r_d (multi-document evaluation)
         aux.update(_rd_aux(extra, token_mask[:, None, None, :] & (extra.l > 0)))
 
     # Nothing to merge with: the backend's fused kernel where it has one (fused_kernels).

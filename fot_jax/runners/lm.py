@@ -4,6 +4,7 @@ then perplexity against memory size. Its data is TensorFlow's (SeqIO), so this m
 TensorFlow; the dictionary-lookup runner does not."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -32,7 +33,9 @@ def run(exp: Experiment, workdir: str, train: bool = True) -> dict:
     schedule = (exp.schedule() if name == "fot" else
                 common.following_schedule(trained["fot"]["phases"], trained["fot"]["steps_run"]))
     sources = lm_data.arm_batches(lm.feeds, schedule.tasks(), data, seed, name)
-    trained[name] = common.train_arm(model=cfg, settings=exp.train, name=name, schedule=schedule,
+    # the baseline reads no train.memory either: the local window alone
+    settings = exp.train if name == "fot" else dataclasses.replace(exp.train, memory=None)
+    trained[name] = common.train_arm(model=cfg, settings=settings, name=name, schedule=schedule,
                                      batches=lm_data.train_input(sources), workdir=os.path.join(workdir, name),
                                      do_train=train, vocab=data.vocab, window=data.window,
                                      run_fields=lm.run_fields)

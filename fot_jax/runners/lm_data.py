@@ -32,7 +32,7 @@ def feed_batches(feed, data: LMDataSettings, seed: int, layout: str = "fot"):
                                min_doc_len=data.min_doc_len, max_doc_len=data.max_doc_len)
     text.check_nonempty()
   if retrieval:
-    haystack = pipeline.document_texts(feed.haystack_task, data.split) if "text" in feed.haystacks else None
+    haystack = pipeline.document_texts(feed.haystack_task, data.split) if feed.reads_text else None
     return RetrievalBatches(feed, vocab, slots=slots, windows=data.windows_per_slot, window=data.window,
                             seed=seed, text_batches=text, haystack_texts=haystack)
   if isinstance(feed, RepeatFeed):

@@ -29,6 +29,7 @@ from fot_jax.settings import TrainSettings
 from fot_jax.train.run_state import (NoCheckpoint, checkpoint_manager, describe_folder, orbax_logs_off,
                                        params_from_checkpoint, restore_step, saved_carry_target,
                                        unfinished_writes)
+from fot_jax.train.far_memory import FarMemory
 from fot_jax.train.fingerprint import check_run_fingerprint, run_fingerprint
 from fot_jax.train.optimizer import count_trainable, make_optimizer, resolve_trainable
 from fot_jax.train.step import init_state, make_train_step, stacked_plan, state_shardings
@@ -301,7 +302,11 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
     raise
   if restore_only:
     steps = start
-  step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable)
+  step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable,
+                            memory_topk=ts.memory.topk if ts.memory is not None else None)
+  far = None  # train.memory: the long memory every row reads (fot_jax/train/far_memory.py)
+  if ts.memory is not None:
+    far = FarMemory(model_cfg, ts.memory, lambda blocks: jax.device_put(blocks, parallel.replicated(mesh)))
   recurrent_steps = {}  # RecurrentSpec -> its step function
   batch_sharding = parallel.batch_sharding(mesh, rules)
   log = MetricsLog(workdir, name, ts.tensorboard and not restore_only, None if restore_only else start)
@@ -331,6 +336,9 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         batch["accuracy_mask"] = batch["accuracy_mask"] & scored[:, None]
       if step == start and jax.process_index() == 0:  # lets export_hf / from_pretrained read this workdir
         checkpoint.write_model_json(workdir, model_cfg, **{"window": seq, **(model_meta or {})})
+      if rspec is not None and far is not None:
+        raise ValueError("train.memory: not with a Memorizing Transformer / Transformer-XL phase (a carry is "
+                         "their memory)")
       if rspec is not None:  # the Memorizing Transformer / Transformer-XL: a carry instead of a plan
         if carry is None or carry_phase != phase:  # a new phase starts with empty memory
           carry = _new_carry(model_cfg, rspec, global_rows // pack, seq, mesh, rules)
@@ -342,9 +350,11 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
       else:
         carry = carry_phase = None
         sources, positive = stacked_plan(spec, global_rows, accum, groups)
-        state, metrics = step_fn(state, parallel.global_batch(batch, batch_sharding),
-                                 parallel.global_replicated(sources, mesh), parallel.global_replicated(positive, mesh),
-                                 crossbatch.pack_widths(sources, pack))
+        args = (state, parallel.global_batch(batch, batch_sharding), parallel.global_replicated(sources, mesh),
+                parallel.global_replicated(positive, mesh))
+        if far is not None:
+          args += (far.for_step(step, state.params, feeds[schedule.task(step)], name),)
+        state, metrics = step_fn(*args, crossbatch.pack_widths(sources, pack))
       metrics = {k: float(v) for k, v in metrics.items()}
       schedule.observe(step, metrics)
       tokens_seen += global_rows * seq
@@ -384,7 +394,8 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
     manager.wait_until_finished()
     manager.close()
   return {"params": state.params, "history": history, "steps": steps, "seconds": time.time() - t0,
-          "trainable_params": n_train,
+          "trainable_params": n_train, "memory_writes": far.writes if far else 0,
+          "memory_write_seconds": far.seconds if far else 0.0,
           "phases": schedule.summary() if schedule.phases else []}
 
 

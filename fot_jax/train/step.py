@@ -23,6 +23,10 @@ from fot_jax.recurrent import RecurrentSpec
 from fot_jax.train.optimizer import Trainable
 
 
+# train.memory's keys scored this many at a time (a [rows, heads, T, chunk] block of scores each)
+MEMORY_CHUNK = 4096
+
+
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array
@@ -97,7 +101,8 @@ def answer_sums(logits, targets, mask):
 
 
 def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None, rules=None,
-                    trainable: Optional[Trainable] = None, recurrent: Optional[RecurrentSpec] = None):
+                    trainable: Optional[Trainable] = None, recurrent: Optional[RecurrentSpec] = None,
+                    memory_topk: Optional[int] = None):
   """Returns step(state, batch, sources, positive, widths=None) -> (state, metrics), jitted over `mesh`.
 
   batch: inputs/targets [B, T] int32, loss_mask [B, T] bool (already restricted
@@ -121,6 +126,12 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
   State shardings come from the logical-axis `rules` (default parallel.DEFAULT_RULES),
   the batch is split over the batch axes, plans and metrics are replicated; the state is
   donated. mesh=None: one device.
+
+  memory_topk (train.memory): step(state, batch, sources, positive, memories, widths=None), where
+  memories {memory layer: [MemoryBlock]} (one block of keys [1, M, KV, D] shared by every row: a
+  long haystack written by the model without gradient, fot_jax/train/far_memory.py) is read by
+  each memory layer's queries, its top memory_topk entries per query under one softmax with the
+  local window and the crossbatch contexts; gradients reach the queries, not the memory.
   """
   model = LlamaModel(cfg)
   rules = parallel.DEFAULT_RULES if rules is None else rules
@@ -129,7 +140,8 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
 
   context = cp.context_size(mesh)
 
-  def micro_sums(train_params, all_params, inputs, targets, mask, acc_mask, sources, positive, widths):
+  def micro_sums(train_params, all_params, inputs, targets, mask, acc_mask, sources, positive, widths,
+                 memories=None):
     params = _merge(trainable, all_params, train_params)  # frozen leaves enter as constants
     params = weights_in_compute_dtype(params, cfg.dtype, state_sh.params)
     plan = None
@@ -140,7 +152,9 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
       perm = cp.permutation(inputs.shape[1], context, cfg.context_layout)
       inputs, targets, mask, acc_mask = (cp.to_layout(x, perm) for x in (inputs, targets, mask, acc_mask))
       positions = jnp.broadcast_to(jnp.asarray(perm), inputs.shape)
-    logits, aux = model.apply({"params": params}, inputs, positions=positions, plan=plan)
+    read = {} if memories is None else {"memories": memories, "mem_mode": "topk", "mem_topk": memory_topk,
+                                        "mem_chunk": MEMORY_CHUNK}
+    logits, aux = model.apply({"params": params}, inputs, positions=positions, plan=plan, **read)
     loss_sum, _, count = lm_loss_sums(logits, targets, mask)
     _, correct, acc_count = lm_loss_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
     answers_right, answers = answer_sums(jax.lax.stop_gradient(logits), targets, acc_mask)
@@ -161,7 +175,7 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
     x = x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:])
     return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
 
-  def step(state: TrainState, batch, sources, positive, widths=None):
+  def step(state: TrainState, batch, sources, positive, widths=None, memories=None):
     rows = batch["inputs"].shape[0] // accum_steps
     if widths is not None and (rows % shards or (rows // shards) % len(widths)):
       # Grouping rows by pack position regroups them across batch shards when a shard does not
@@ -171,8 +185,11 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
     with nn.logical_axis_rules(rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       acc_mask = batch.get("accuracy_mask", batch["loss_mask"])
       xs = tuple(split(batch[f]) for f in ("inputs", "targets", "loss_mask")) + (split(acc_mask), sources, positive)
-      state, metrics, _ = step_body(state, micro_sums, xs, widths)
+      state, metrics, _ = step_body(state, micro_sums, xs, widths, memories)
       return state, metrics
+
+  def step_with_memory(state: TrainState, batch, sources, positive, memories, widths=None):
+    return step(state, batch, sources, positive, widths, memories)
 
   def step_recurrent(state: TrainState, batch, carry):
     with nn.logical_axis_rules(rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
@@ -182,7 +199,7 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
       state, metrics, carries = step_body(state, micro_recurrent, xs, None)
       return state, metrics, jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), carries)
 
-  def step_body(state: TrainState, micro, xs, widths):
+  def step_body(state: TrainState, micro, xs, widths, memories=None):
     """Gradients summed over the accumulation groups xs (leading axis accum) -> (state, metrics,
     the groups' stacked outputs: the recurrent carry, or None)."""
     grad_fn = jax.value_and_grad(micro, has_aux=True)
@@ -190,7 +207,8 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
 
     def body(carry, x):
       grads, sums = carry
-      (loss_sum, rest), g = grad_fn(train_params, state.params, *x, widths)
+      (loss_sum, rest), g = grad_fn(train_params, state.params, *x, widths,
+                                    *(() if memories is None else (memories,)))
       grads = jax.tree_util.tree_map(jnp.add, grads, g)
       sums = sums + jnp.stack([loss_sum, *rest[:-1]])
       return (grads, sums), rest[-1]
@@ -214,6 +232,9 @@ def make_train_step(cfg: ModelConfig, optimizer, accum_steps: int = 1, mesh=None
   if recurrent is not None:
     return jax.jit(step_recurrent, in_shardings=(state_sh, batch_sh, batch_sh),
                    out_shardings=(state_sh, rep, batch_sh), donate_argnums=(0, 2))
+  if memory_topk is not None:
+    return jax.jit(step_with_memory, in_shardings=(state_sh, batch_sh, rep, rep, rep),
+                   out_shardings=(state_sh, rep), donate_argnums=(0,), static_argnums=(5,))
   return jax.jit(step, in_shardings=(state_sh, batch_sh, rep, rep),
                  out_shardings=(state_sh, rep), donate_argnums=(0,), static_argnums=(4,))
 

@@ -1,0 +1,102 @@
+"""train.memory: a training step's memory layers read a long memory (written without gradient) under
+one softmax with their window and crossbatch contexts; the loop writes it every `refresh` steps."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from data_pipelines.dictionary_lookup import DictionaryBatches, DictionaryTask
+from fot_jax.curriculum import Schedule
+from fot_jax.model.config import get_size
+from fot_jax.model.init import init_params
+from fot_jax.model.llama import LlamaModel
+from fot_jax.model.memory import MemoryBlock
+from fot_jax.settings import MemorySettings
+from fot_jax.train import train
+from fot_jax.train.far_memory import write_memory
+
+TASK = DictionaryTask(num_symbols=32, num_value_symbols=16, key_len=1, value_len=1, n_defs=8, n_queries=8)
+CFG = get_size("tiny", vocab_size=TASK.vocab_size, mem_layers=(0, 1))
+
+
+def test_crossbatch_and_memory_are_one_softmax_with_the_window():
+  """Row r with crossbatch sources S and memory M reads what it reads with no plan and memory M
+  followed by the sources' memory keys/values (the memory path, checked against NumPy elsewhere)."""
+  params = init_params(CFG, 0)
+  rng = np.random.default_rng(0)
+  b, t, m = 4, 16, 24
+  tokens = jnp.asarray(rng.integers(0, TASK.vocab_size, (b, t)), jnp.int32)
+  kv, d = CFG.kv_heads, CFG.dim_per_head
+  memory = {layer: [MemoryBlock(jnp.asarray(rng.standard_normal((1, m, kv, d)), jnp.float32),
+                                jnp.asarray(rng.standard_normal((1, m, kv, d)), jnp.float32),
+                                jnp.ones((1, m), bool))] for layer in CFG.mem_layers}
+  sources = jnp.asarray([[-1, -1], [0, -1], [-1, -1], [0, 2]], jnp.int32)
+  positive = jnp.asarray([[False, False], [True, False], [False, False], [True, False]])
+  model = LlamaModel(CFG)
+  # top-k over all m entries: every entry read (the training step's mode)
+  both, aux = model.apply({"params": params}, tokens, plan=(sources, positive), memories=memory,
+                          mem_mode="topk", mem_topk=m, want_mem_kv=True)
+  for row in (1, 3):
+    src = [int(s) for s in sources[row] if s >= 0]
+    moved = {layer: [MemoryBlock(jnp.concatenate([memory[layer][0].keys[0]] + [aux["mem_kv"][layer][0][s] for s in src])[None],
+                                 jnp.concatenate([memory[layer][0].values[0]] + [aux["mem_kv"][layer][1][s] for s in src])[None],
+                                 jnp.ones((1, m + t * len(src)), bool))] for layer in CFG.mem_layers}
+    alone, _ = model.apply({"params": params}, tokens[row:row + 1], memories=moved, mem_mode="dense")
+    np.testing.assert_allclose(np.asarray(both[row]), np.asarray(alone[0]), rtol=2e-4, atol=2e-4)
+  plain, _ = model.apply({"params": params}, tokens, plan=(sources, positive))
+  assert not np.allclose(np.asarray(plain[0]), np.asarray(both[0]), atol=1e-3)  # the memory is read
+
+
+class _WithMemory:
+  """Dictionary batches and a memory haystack of random tokens per step (counted)."""
+
+  def __init__(self, tokens=40):
+    self.batches = DictionaryBatches(TASK, slots=4, window=TASK.doc_len // 2, seed=0)
+    self.asked, self.tokens = [], tokens
+
+  def __call__(self, step):
+    return self.batches(step)
+
+  def memory_tokens(self, step):
+    self.asked.append(step)
+    return np.random.default_rng(step).integers(0, TASK.vocab_size, self.tokens).astype(np.int32)
+
+
+def _settings(steps, memory=None):
+  return {"steps": steps, "seed": 0, "loss_on": "last", "log_every": 1, "optim": {"lr": 1e-2},
+          "tensorboard": False, "memory": memory}
+
+
+SCHEDULE = {"kind": "constant", "spec": {"d": 2, "w": 1}}
+
+
+def test_loop_writes_memory_every_refresh_steps_and_the_step_reads_it(tmp_path):
+  feed = _WithMemory()
+  out = train(CFG, _settings(5, {"window": 16, "topk": 4, "refresh": 2}), Schedule(SCHEDULE), feed,
+              str(tmp_path / "mem"))
+  assert feed.asked == [0, 2, 4] and out["memory_writes"] == 3  # the periods' first steps
+  plain = train(CFG, _settings(5), Schedule(SCHEDULE), _WithMemory(), str(tmp_path / "plain"))
+  assert all(np.isfinite(h["loss"]) for h in out["history"])
+  assert out["history"][0]["loss"] != plain["history"][0]["loss"]  # the first step already reads memory
+
+
+def test_memory_is_written_as_inference_writes_it():
+  """write_memory's keys are those MemoryInference.process leaves (windows of `window`, top-k reads)."""
+  from fot_jax.inference import MemoryInference
+  params = init_params(CFG, 1)
+  tokens = np.random.default_rng(3).integers(0, TASK.vocab_size, 50).astype(np.int32)
+  blocks = write_memory(CFG, params, tokens, MemorySettings(window=16, topk=4))
+  reader = MemoryInference(CFG, params, 16, mode="topk", topk=4)
+  ref = reader.new_memory(1)
+  reader.process(tokens[None], ref, want_logits=False)
+  for layer in CFG.mem_layers:
+    n = int(blocks[layer][0].mask.sum())
+    assert n == 50 and int(ref.blocks()[layer][0].mask.sum()) == 50
+    np.testing.assert_allclose(np.asarray(blocks[layer][0].keys[0, :n]), np.asarray(ref.blocks()[layer][0].keys[0, :n]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_memory_without_a_haystack_is_named(tmp_path):
+  batches = DictionaryBatches(TASK, slots=4, window=TASK.doc_len // 2, seed=0)
+  with pytest.raises(ValueError, match="makes no memory haystack"):
+    train(CFG, _settings(1, {"window": 16}), Schedule(SCHEDULE), batches, str(tmp_path))
