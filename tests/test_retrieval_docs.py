@@ -351,11 +351,13 @@ def test_no_evaluation_template_in_training_documents():
   assert len(prose) > 20, "the recipe's README haystack is missing: run the tests from the checkout's root after make install"
   vocab = vocab_lib.get_vocabulary("byte")
   spec = rd.RetrievalSpec(doc_windows=8, facts=(2, 12), queries=(1, 4), near_keys=0.5, shared_shape=0.5, mentions=0.5, plain_questions=0.5,
-                          haystacks=rd.HAYSTACKS, haystack_task=smollm2_retrieval.PROSE, doc_kinds=rd.DOC_KINDS)
+                          haystacks=rd.HAYSTACKS, haystack_task=smollm2_retrieval.PROSE, doc_kinds=rd.DOC_KINDS,
+                          memory_tokens=3000, memory_haystacks=rd.MEMORY_HAYSTACKS)
   batches = rd.RetrievalBatches(spec, vocab, slots=8, windows=8, window=128, seed=0, haystack_texts=prose)
   text = "\n".join(vocab.decode(ids.tolist()) for step in range(16) for ids, _ in _docs(batches(step), 8))
   assert len(text) > 120_000  # 128 documents
   text += "\n".join(" ".join(units) for units in batches.passages)
+  text += "\n".join(vocab.decode(batches.memory_tokens(step)[1:].tolist()) for step in range(6))  # train.memory's
   # no 8-gram of lm-eval's RULER prompts or of the project's own evaluation prompts
   eval_grams = set().union(*(_eight_grams(f) for f in _lm_eval_ruler_templates()))
   eval_grams |= set().union(*(_eight_grams(p) for p in ruler.EVAL_TEMPLATES))
@@ -401,6 +403,28 @@ def test_text_slots_scored_on_their_last_window_and_state_round_trip():
   assert again.text.n == 1 and (again(0)["inputs"][:8] == batch["inputs"][:8]).all()  # a pure function of the step
 
 
+def test_memory_haystack_is_the_steps_own_with_no_fact():
+  """memory_tokens(step): exactly memory_tokens tokens, bos first, of one drawn kind, no fact; the
+  same for the same step (a resumed run writes the same memory), another for another step."""
+  vocab = vocab_lib.get_vocabulary("byte")
+  spec = rd.RetrievalSpec(doc_windows=2, facts=(1, 2), queries=(1, 1), haystack_task="p", memory_tokens=2000,
+                          memory_haystacks=rd.MEMORY_HAYSTACKS)
+  batches = rd.RetrievalBatches(spec, vocab, slots=2, windows=2, window=256, seed=0, haystack_texts=PROSE)
+  bos = vocab_lib.special_ids(vocab)["bos"]
+  kinds = set()
+  for step in range(8):
+    tokens = batches.memory_tokens(step)
+    assert tokens.shape == (2000,) and tokens[0] == bos and tokens.dtype == np.int32
+    text = vocab.decode(tokens[1:].tolist())
+    assert not facts_in(text) and not re.search(r"\d{5}", text)
+    kinds.add("text" if "of this note" in text else "other")
+    np.testing.assert_array_equal(tokens, batches.memory_tokens(step))
+  assert kinds == {"text", "other"}  # both real text and filler/prose drawn
+  assert not np.array_equal(batches.memory_tokens(0), batches.memory_tokens(1))
+  assert rd.RetrievalBatches(rd.RetrievalSpec(doc_windows=2), vocab, slots=1, windows=2, window=256,
+                             seed=0).memory_tokens(0) is None
+
+
 def test_bad_specs_name_the_field():
   with pytest.raises(ValueError, match="data.retrieval.x: unknown field"):
     rd.RetrievalSpec.from_dict({"doc_window": 2}, "data.retrieval.x")
@@ -410,6 +434,10 @@ def test_bad_specs_name_the_field():
     rd.RetrievalSpec(haystacks=("essay",)).validate()
   with pytest.raises(ValueError, match="doc_kinds: choose from"):
     rd.RetrievalSpec(doc_kinds=("lookup", "count")).validate()
+  with pytest.raises(ValueError, match="memory_haystacks from"):  # a fact in every row's memory could contradict
+    rd.RetrievalSpec(memory_tokens=100, memory_haystacks=("facts",)).validate()
+  with pytest.raises(ValueError, match="needs a haystack_task"):
+    rd.RetrievalSpec(memory_tokens=100, memory_haystacks=("text",)).validate()
   with pytest.raises(ValueError, match="needs a text_task"):
     rd.RetrievalSpec(text_slots=0.25).validate()
   spec = rd.RetrievalSpec(doc_windows=2, facts=(8, 8), queries=(4, 4))
