@@ -80,6 +80,15 @@ writes the word that followed similar words in memory, " there", where the key's
 Measured (2026-12-07, docs/retrieval.md "What the misses are"): 1,652 s / 1,449 s on 2 cores;
 passkey at 64K through host memory 2/4 and 1/4 on the suite's prompts (aggregate: 2/4), so not
 adopted.
+
+Variant 'longmem' (`--config=experiments/smollm2_retrieval.py:longmem --workdir=runs/smollm2_longmem`,
+a second stage from the mixed model like 'aggregate'): aggregate, with every row's memory layers
+also reading a long memory (train.memory, fot_jax/train/far_memory.py): a haystack of 16,384 tokens
+with no fact (the filler cycle or README prose) written by the model being trained, without
+gradient, in the evaluation's windows of 512 with top-32 reads, every 5 steps; the step reads its
+top-32 per query beside the window and the crossbatch contexts. For the passkey's miss past 32K (a
+training step's memory was 3K tokens, the evaluation's 64K-128K). Measured in docs/retrieval.md
+("Training beside a long memory").
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
@@ -131,8 +140,8 @@ def get_config(variant: str = "base"):
   attention layer trains: the one that reads multi-key needles from memory; docs/retrieval.md),
   'mixed' (multikey's documents in three kinds of haystack, real prose among them), 'aggregate'
   (a second stage from the mixed recipe's model, with chain and tally documents), 'mentions'
-  (aggregate with mentions of asked keys that give no value) or 'plain' (mentions, and questions
-  ending in "is")."""
+  (aggregate with mentions of asked keys that give no value), 'plain' (mentions, and questions
+  ending in "is") or 'longmem' (aggregate beside a 16K-token memory written without gradient)."""
   if variant not in VARIANTS:
     raise ValueError(f"smollm2_retrieval: variant must be one of {VARIANTS}, got {variant!r}")
   c = base_config()

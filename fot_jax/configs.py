@@ -294,7 +294,9 @@ def _retrieval_feed(data: LMDataSettings, name: str) -> RetrievalSpec:
   fields = _plain(data.retrieval[name])
   if fields.get("text_slots") and not fields.get("text_task"):
     fields["text_task"] = data.corpus
-  haystacks = tuple(fields.get("haystacks") or ()) + tuple(fields.get("memory_haystacks") or ())
+  haystacks = tuple(fields.get("haystacks") or ())  # the memory haystack's kinds too, when it makes one
+  if fields.get("memory_tokens"):
+    haystacks += tuple(fields.get("memory_haystacks") or RetrievalSpec.memory_haystacks)
   if "text" in haystacks and not fields.get("haystack_task"):
     fields["haystack_task"] = data.corpus
   spec = RetrievalSpec.from_dict(fields, f"data.retrieval.{name}")

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from fot_jax import configs, crossbatch, jsonio, parallel, provenance
 from fot_jax.model import context_parallel
+from fot_jax.model.memory import MemoryBlock
 from fot_jax.train import make_optimizer, make_train_step, resolve_trainable, stacked_plan, state_shardings
 from fot_jax.xla_buffers import largest_buffers
 
@@ -39,8 +40,9 @@ def _widest_spec(schedule, rows: int):
 
 
 def compile_step(cfg, optimizer, mesh, rules, rows: int, window: int, accum: int = 1, spec=None, groups: int = 1,
-                 trainable=None):
-  """The train step lowered and compiled against abstract shapes -> (compiled, abstract state)."""
+                 trainable=None, memory=None, memory_tokens: int = 0):
+  """The train step lowered and compiled against abstract shapes -> (compiled, abstract state).
+  memory (train.memory's MemorySettings): the step that also reads a memory of memory_tokens entries."""
   abstract, shardings = state_shardings(cfg, optimizer, mesh, rules, trainable)
   if context_parallel.context_size(mesh) > 1:
     context_parallel.check_length(window, context_parallel.context_size(mesh), cfg.context_layout)
@@ -52,7 +54,14 @@ def compile_step(cfg, optimizer, mesh, rules, rows: int, window: int, accum: int
            "targets": jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=bsh),
            "loss_mask": jax.ShapeDtypeStruct((rows, window), jnp.bool_, sharding=bsh)}
   plan_args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep) for x in (sources, positive)]
-  step = make_train_step(cfg, optimizer, accum, mesh, rules, trainable)
+  step = make_train_step(cfg, optimizer, accum, mesh, rules, trainable,
+                         memory_topk=memory.topk if memory is not None else None)
+  if memory is not None:  # one block [1, M, KV, D] per memory layer, replicated (fot_jax/train/far_memory.py)
+    entry = lambda dtype, *shape: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+    kv, dh = cfg.kv_heads, cfg.dim_per_head
+    plan_args.append({layer: [MemoryBlock(entry(cfg.dtype, 1, memory_tokens, kv, dh),
+                                          entry(cfg.dtype, 1, memory_tokens, kv, dh),
+                                          entry(jnp.bool_, 1, memory_tokens))] for layer in cfg.mem_layers})
   widths = crossbatch.pack_widths(sources, crossbatch.pack_size(spec or {}))
   return step.lower(state, batch, *plan_args, widths).compile(), abstract
 
@@ -66,12 +75,14 @@ def memory_per_device(compiled) -> dict:
   return out
 
 
-def model_flops(cfg, params, rows: int, window: int, live_sources: int) -> float:
+def model_flops(cfg, params, rows: int, window: int, live_sources: int, memory_tokens: int = 0) -> float:
   """Model FLOPs of one training step (PaLM's convention: what the model needs, not what remat
   recomputes or an implementation skips): 6 x matmul parameters x tokens, plus 12 x T x keys x
   heads x head_dim per row and layer for the local window (T keys) and per live crossbatch
   source in each memory layer (T more keys). Unlike XLA's count it does not depend on how the
-  step is written (XLA counts a loop body once: scanned layers, blockwise key blocks)."""
+  step is written (XLA counts a loop body once: scanned layers, blockwise key blocks). With
+  train.memory, each memory layer's queries also score memory_tokens keys (2 x T x M x heads x
+  head_dim per row, forward only: the backward pass and p.v reach only the top-k)."""
   matmul = sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
                if jax.tree_util.keystr(path).endswith("['kernel']"))
   if cfg.tie_embeddings:  # the output projection is the embedding table
@@ -79,7 +90,8 @@ def model_flops(cfg, params, rows: int, window: int, live_sources: int) -> float
   hd = cfg.num_heads * cfg.dim_per_head
   local = 12.0 * window * window * hd * rows * cfg.num_layers
   extra = 12.0 * window * window * hd * live_sources * len(cfg.mem_layers)
-  return 6.0 * matmul * rows * window + local + extra
+  memory = 2.0 * window * memory_tokens * hd * rows * len(cfg.mem_layers)
+  return 6.0 * matmul * rows * window + local + extra + memory
 
 
 def plan(exp: configs.Experiment, dump_dir: str | None = None, top: int = 10) -> dict:
@@ -98,7 +110,10 @@ def plan(exp: configs.Experiment, dump_dir: str | None = None, top: int = 10) ->
   if dump_dir:  # a program read from the compilation cache is not compiled, so XLA would dump nothing
     jax.config.update("jax_enable_compilation_cache", False)
   t0 = time.time()
-  compiled, abstract = compile_step(cfg, optimizer, mesh, rules, rows, window, accum, spec, groups, trainable)
+  # train.memory: the longest memory haystack a phase's data makes
+  memory_tokens = max((getattr(f, "memory_tokens", 0) for f in exp.lm.feeds.values()), default=0) if exp.lm else 0
+  compiled, abstract = compile_step(cfg, optimizer, mesh, rules, rows, window, accum, spec, groups, trainable,
+                                    ts.memory, memory_tokens)
   seconds = time.time() - t0
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -109,9 +124,11 @@ def plan(exp: configs.Experiment, dump_dir: str | None = None, top: int = 10) ->
   out = {"mesh": parallel.describe(mesh), "params": n_params, "tokens_per_step": tokens,
          "rows": rows, "window": window, "accum_steps": accum, "crossbatch_spec": spec,
          "crossbatch_scope": scope, "flops_per_device": flops_device,
+         "train_memory": None if ts.memory is None else dict(tokens=memory_tokens, topk=ts.memory.topk),
          "flops_per_step": flops_device * mesh.size, "flops_6nt": 6.0 * n_params * tokens,
          "model_flops": model_flops(cfg, abstract.params, rows, window,
-                                    int((stacked_plan(spec or {}, rows, accum, groups)[0] >= 0).sum())),
+                                    int((stacked_plan(spec or {}, rows, accum, groups)[0] >= 0).sum()),
+                                    memory_tokens if ts.memory is not None else 0),
          "memory_per_device": per_device, "compile_seconds": seconds}
   if dump_dir:
     out["largest_buffers"] = largest_buffers(dump_dir, compiled.runtime_executable().hlo_modules()[0].name, top)
@@ -144,7 +161,9 @@ def format_plan(p: dict) -> str:
       f"mesh               {p['mesh']}",
       f"parameters         {p['params']:,} ({p['params'] / 1e9:.2f}B)",
       f"step               {p['rows']} rows x {p['window']} tokens = {p['tokens_per_step']:,} tokens, "
-      f"accum_steps={p['accum_steps']}, crossbatch {p['crossbatch_spec']} (scope {p['crossbatch_scope']})",
+      f"accum_steps={p['accum_steps']}, crossbatch {p['crossbatch_spec']} (scope {p['crossbatch_scope']})"
+      + (f", reading train.memory: {p['train_memory']['tokens']:,} entries, top-{p['train_memory']['topk']}"
+         if p.get("train_memory") else ""),
       f"FLOPs per step     {p['flops_per_step']:.3e} (XLA: {p['flops_per_device']:.3e} per device; "
       f"6 x params x tokens = {p['flops_6nt']:.3e}; a loop body counts once)",
       f"model FLOPs        {p['model_flops']:.3e} (6 x matmul params x tokens + attention over the window "

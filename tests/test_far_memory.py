@@ -100,3 +100,21 @@ def test_memory_without_a_haystack_is_named(tmp_path):
   batches = DictionaryBatches(TASK, slots=4, window=TASK.doc_len // 2, seed=0)
   with pytest.raises(ValueError, match="makes no memory haystack"):
     train(CFG, _settings(1, {"window": 16}), Schedule(SCHEDULE), batches, str(tmp_path))
+
+
+def test_plan_compiles_the_step_that_reads_the_memory():
+  """--mode=plan lowers the step with train.memory's input (abstract, replicated) and counts the
+  memory's q.k in the model FLOPs: 2 x T x M x heads x head_dim per row and memory layer."""
+  from fot_jax import parallel, plan
+  from fot_jax.train import make_optimizer
+  mesh, rules = parallel.make_mesh(None), parallel.DEFAULT_RULES
+  optimizer = make_optimizer({"lr": 1e-3})
+  spec = {"d": 2, "w": 1}
+  plain, abstract = plan.compile_step(CFG, optimizer, mesh, rules, 8, 16, spec=spec)
+  read, _ = plan.compile_step(CFG, optimizer, mesh, rules, 8, 16, spec=spec, memory=MemorySettings(topk=4),
+                              memory_tokens=64)
+  flops = lambda c: float((c.cost_analysis()[0] if isinstance(c.cost_analysis(), list) else c.cost_analysis())["flops"])
+  assert flops(read) > flops(plain)
+  hd = CFG.num_heads * CFG.dim_per_head
+  extra = plan.model_flops(CFG, abstract.params, 8, 16, 2, 64) - plan.model_flops(CFG, abstract.params, 8, 16, 2)
+  assert extra == 2 * 16 * 64 * hd * 8 * len(CFG.mem_layers)
