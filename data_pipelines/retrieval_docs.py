@@ -303,11 +303,12 @@ class RetrievalSpec:
       raise ValueError(f"{where}.text_scored_windows: must be >= 1, got {self.text_scored_windows}")
     if self.text_slots and not self.text_task:
       raise ValueError(f"{where}: text_slots={self.text_slots} needs a text_task")
+    if self.memory_tokens < 0:
+      raise ValueError(f"{where}.memory_tokens: must be >= 0, got {self.memory_tokens}")
     bad = sorted(set(self.memory_haystacks) - set(MEMORY_HAYSTACKS))
-    if self.memory_tokens < 0 or bad or not self.memory_haystacks:
-      raise ValueError(f"{where}: memory_tokens >= 0 and memory_haystacks from {MEMORY_HAYSTACKS} expected (no "
-                       f"facts: a fact in every row's memory could contradict a document), got "
-                       f"{self.memory_tokens} / {list(self.memory_haystacks)}")
+    if bad or not self.memory_haystacks:
+      raise ValueError(f"{where}.memory_haystacks: choose from {MEMORY_HAYSTACKS} (no 'facts': a fact in the memory "
+                       f"every row reads could contradict a document of the batch), got {list(self.memory_haystacks)}")
     if self.reads_text and not self.haystack_task:
       raise ValueError(f"{where}: a 'text' haystack needs a haystack_task (a text task: files:PATTERN, jsonl:...)")
 

@@ -62,6 +62,10 @@ def base_config():
       # parameter paths ('layers_8/self_attn/.*') and the groups 'memory_attention' /
       # 'memory_layers'. The others stay frozen (no gradient, no optimizer state).
       "trainable": (),
+      # Training beside a long memory written without gradient (docs/semantics.md; fot_jax/train/far_memory.py):
+      # every row's memory layers also read the top `topk` entries of the haystack a retrieval view makes
+      # (data.retrieval.NAME.memory_tokens), written in windows of `window` every `refresh` steps.
+      "memory": ml_collections.ConfigDict({"enabled": False, "window": 512, "topk": 32, "refresh": 5}),
   })
   # The same model trained without crossbatch (a local-window transformer), evaluated alike.
   c.baseline = ml_collections.ConfigDict({"enabled": True})

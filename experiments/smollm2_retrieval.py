@@ -222,7 +222,7 @@ def get_config(variant: str = "base"):
   if variant in SECOND_STAGES:
     c.train.init_from = MIXED_CHECKPOINT
   if variant == "longmem":
-    c.train.memory = ml_collections.ConfigDict({"window": 512, "topk": 32, "refresh": LONGMEM_REFRESH})
+    c.train.memory.update(enabled=True, window=512, topk=32, refresh=LONGMEM_REFRESH)
   c.baseline.enabled = False
   # The run's own check (window = the training window): perplexity with 0 and 448 tokens of memory on
   # 4 held-out files. The measurements (window 512) come from the evaluate CLI (docs/retrieval.md).

@@ -185,8 +185,17 @@ def _train_settings(config, arm: str) -> TrainSettings:
             "checkpoint_every": t.checkpoint_every, "optim": config.optim, "mesh": config.get("mesh"),
             "crossbatch_scope": t.get("crossbatch_scope", "batch")}
   if lm:
-    fields.update(init_from=t.get("init_from"), trainable=t.get("trainable"), memory=t.get("memory"))
+    fields.update(init_from=t.get("init_from"), trainable=t.get("trainable"), memory=_train_memory(t.get("memory")))
   return TrainSettings.from_dict(fields, "train" if lm else arm)
+
+
+def _train_memory(memory):
+  """train.memory as TrainSettings reads it: None when absent or `enabled` is False (experiments/base_lm.py
+  keeps the section off, so --config.train.memory.enabled=True and its fields work from the command line)."""
+  if memory is None:
+    return None
+  memory = _plain(memory)
+  return None if not memory.pop("enabled", True) else memory
 
 
 def _copy_warmup(config) -> CopyWarmupSettings:
@@ -305,17 +314,18 @@ def _retrieval_feed(data: LMDataSettings, name: str) -> RetrievalSpec:
 
 
 def _check_memory_feeds(ts: TrainSettings, feeds) -> None:
-  """train.memory reads the haystack every phase's retrieval view makes (memory_tokens > 0); a view
-  that makes one is read only with train.memory."""
+  """train.memory reads the haystack a phase's retrieval view makes (memory_tokens > 0; phases whose
+  data makes none, such as a copy warm-up, train without it); a view that makes one is read only
+  with train.memory."""
   making = {task: isinstance(f, RetrievalSpec) and f.memory_tokens > 0 for task, f in feeds.items()}
-  if ts.memory is not None and not all(making.values()):
-    missing = [str(t) for t, m in making.items() if not m]
-    raise ValueError(f"train.memory: every phase's data must make a memory haystack (a data.retrieval view "
-                     f"with memory_tokens > 0); {missing} make none")
+  if ts.memory is not None and not any(making.values()):
+    raise ValueError(f"train.memory: no phase's data makes a memory haystack (a data.retrieval view with "
+                     f"memory_tokens > 0); the curriculum's tasks {[str(t) for t in making]} make none")
   if ts.memory is None and any(making.values()):
     views = [str(t) for t, m in making.items() if m]
     raise ValueError(f"data.retrieval {views}: memory_tokens > 0 makes a haystack that only train.memory reads; "
-                     f"set train.memory (e.g. {{'window': 512, 'topk': 32, 'refresh': 5}}) or memory_tokens=0")
+                     f"set --config.train.memory.enabled=True (window 512, topk 32, refresh 5 unless set) or "
+                     f"memory_tokens=0")
 
 
 def _lm_feeds(data: LMDataSettings, sched: Schedule, warmup: CopyWarmupSettings) -> Dict[Optional[str], Any]:
@@ -357,7 +367,7 @@ def _corpus_views(data: LMDataSettings, feeds: Dict[Optional[str], Any], raw_dat
         own = _plain(data.retrieval[task]).get("text_task")
         out.append((f"retrieval view {task!r} text slots", chosen(f"data.retrieval.{task}.text_task", own),
                     feed.text_task, data.split))
-      if "text" in feed.haystacks:
+      if feed.reads_text:  # a document's 'text' haystack, or the memory haystack's (train.memory)
         own = _plain(data.retrieval[task]).get("haystack_task")
         out.append((f"retrieval view {task!r} text haystacks", chosen(f"data.retrieval.{task}.haystack_task", own),
                     feed.haystack_task, data.split))

@@ -80,6 +80,19 @@ def test_loop_writes_memory_every_refresh_steps_and_the_step_reads_it(tmp_path):
   assert out["history"][0]["loss"] != plain["history"][0]["loss"]  # the first step already reads memory
 
 
+def test_a_phase_whose_data_makes_no_haystack_trains_without_memory(tmp_path):
+  """A copy warm-up or text phase before the retrieval phases: its steps read no memory."""
+  feed = _WithMemory()
+  schedule = Schedule({"kind": "phases", "phases": [
+      {"name": "plain", "task": "plain", "spec": {"d": 2, "w": 1}, "steps": 2},
+      {"name": "mem", "task": "mem", "spec": {"d": 2, "w": 1}, "steps": 2}]})
+  out = train(CFG, _settings(4, {"window": 16, "topk": 4, "refresh": 5}), schedule,
+              {"plain": DictionaryBatches(TASK, slots=4, window=TASK.doc_len // 2, seed=1), "mem": feed},
+              str(tmp_path))
+  assert [h["memory_read"] for h in out["history"]] == [0.0, 0.0, 1.0, 1.0]
+  assert feed.asked == [0] and out["memory_writes"] == 1  # the task's step 2 is period 0 of refresh 5
+
+
 def test_memory_is_written_as_inference_writes_it():
   """write_memory's keys are those MemoryInference.process leaves (windows of `window`, top-k reads)."""
   from fot_jax.inference import MemoryInference
@@ -98,7 +111,7 @@ def test_memory_is_written_as_inference_writes_it():
 
 def test_memory_without_a_haystack_is_named(tmp_path):
   batches = DictionaryBatches(TASK, slots=4, window=TASK.doc_len // 2, seed=0)
-  with pytest.raises(ValueError, match="makes no memory haystack"):
+  with pytest.raises(ValueError, match="no batch source makes a memory haystack"):
     train(CFG, _settings(1, {"window": 16}), Schedule(SCHEDULE), batches, str(tmp_path))
 
 

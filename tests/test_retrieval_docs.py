@@ -434,7 +434,7 @@ def test_bad_specs_name_the_field():
     rd.RetrievalSpec(haystacks=("essay",)).validate()
   with pytest.raises(ValueError, match="doc_kinds: choose from"):
     rd.RetrievalSpec(doc_kinds=("lookup", "count")).validate()
-  with pytest.raises(ValueError, match="memory_haystacks from"):  # a fact in every row's memory could contradict
+  with pytest.raises(ValueError, match="memory_haystacks: choose from"):  # a fact in every row's memory could contradict
     rd.RetrievalSpec(memory_tokens=100, memory_haystacks=("facts",)).validate()
   with pytest.raises(ValueError, match="needs a haystack_task"):
     rd.RetrievalSpec(memory_tokens=100, memory_haystacks=("text",)).validate()

@@ -47,26 +47,26 @@ class FarMemory:
     if jax.process_count() > 1:
       raise ValueError("train.memory: one process only (each host would write the memory itself)")
     self.cfg, self.settings, self.placed = cfg, settings, placed
-    self.period: Optional[int] = None
+    self.period: Optional[tuple] = None  # (the data source, the period's first step) of the memory held
     self.blocks = None
     self.writes, self.seconds = 0, 0.0
 
   def for_step(self, step: int, params, feed, name: str = "train"):
     """The memory of `step`: written now (from feed.memory_tokens of the period's first step) when
-    a new period begins, the step's data source changes (a new phase) or none was written yet."""
+    a new period begins, the step's data source changes (a new phase) or none was written yet; None
+    when the step's data makes no memory haystack (that step reads none)."""
     period = step - step % self.settings.refresh
     if self.period != (id(feed), period):
       tokens = feed.memory_tokens(period) if hasattr(feed, "memory_tokens") else None
+      self.period, self.blocks = (id(feed), period), None
       if tokens is None:
-        raise ValueError(f"train.memory: step {step}'s data makes no memory haystack (a data.retrieval view "
-                         f"with memory_tokens > 0)")
+        return None
       t0 = time.time()
       self.blocks = self.placed(write_memory(self.cfg, params, tokens, self.settings))
       jax.block_until_ready(self.blocks)
       seconds = time.time() - t0
       self.seconds += seconds
       self.writes += 1
-      self.period = (id(feed), period)
       if jax.process_index() == 0:
         print(f"[{name}] step {step + 1}: memory of {len(tokens):,} tokens written in {seconds:.1f}s (windows "
               f"of {self.settings.window}, top-{self.settings.topk} reads)", flush=True)

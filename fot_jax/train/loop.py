@@ -302,11 +302,15 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
     raise
   if restore_only:
     steps = start
-  step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable,
-                            memory_topk=ts.memory.topk if ts.memory is not None else None)
+  step_fn = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable)
   far = None  # train.memory: the long memory every row reads (fot_jax/train/far_memory.py)
   if ts.memory is not None:
+    if not any(hasattr(f, "memory_tokens") for f in feeds.values()):
+      raise ValueError("train.memory: no batch source makes a memory haystack (a data.retrieval view with "
+                       "memory_tokens > 0)")
     far = FarMemory(model_cfg, ts.memory, lambda blocks: jax.device_put(blocks, parallel.replicated(mesh)))
+    step_with_memory = make_train_step(model_cfg, optimizer, accum, mesh, rules, trainable,
+                                       memory_topk=ts.memory.topk)
   recurrent_steps = {}  # RecurrentSpec -> its step function
   batch_sharding = parallel.batch_sharding(mesh, rules)
   log = MetricsLog(workdir, name, ts.tensorboard and not restore_only, None if restore_only else start)
@@ -352,13 +356,19 @@ def train(model_cfg: ModelConfig, train_cfg, schedule: Schedule, batch_fn, workd
         sources, positive = stacked_plan(spec, global_rows, accum, groups)
         args = (state, parallel.global_batch(batch, batch_sharding), parallel.global_replicated(sources, mesh),
                 parallel.global_replicated(positive, mesh))
-        if far is not None:
-          args += (far.for_step(step, state.params, feeds[schedule.task(step)], name),)
-        state, metrics = step_fn(*args, crossbatch.pack_widths(sources, pack))
+        widths = crossbatch.pack_widths(sources, pack)
+        memories = None if far is None else far.for_step(step, state.params, feeds[schedule.task(step)], name)
+        if memories is None:  # (a phase whose data makes no memory haystack trains without one)
+          state, metrics = step_fn(*args, widths)
+        else:
+          state, metrics = step_with_memory(*args, memories, widths)
       metrics = {k: float(v) for k, v in metrics.items()}
       schedule.observe(step, metrics)
       tokens_seen += global_rows * seq
       record = dict(metrics, phase=float(phase), **{k: float(v) for k, v in spec.items() if k in ("d", "w")})
+      if far is not None:  # train.memory: writes so far and their seconds (metrics.jsonl, TensorBoard)
+        record.update(memory_read=float(memories is not None), memory_writes=float(far.writes),
+                      memory_write_seconds=far.seconds)
       history.append({"step": step + 1, **record})
       if (step + 1) % log_every == 0 or step + 1 == steps:
         elapsed = time.time() - t0
