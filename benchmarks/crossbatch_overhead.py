@@ -33,7 +33,7 @@ row attends to all N plan columns (masked), as before rows paid only for their
 own extra contexts, so the cost of a plan scaled with N for all B rows.
 
 Defaults (finish in about 2.5 minutes on 2 CPU cores): --size dict_cpu (the demo
-model: 3 layers of 64, one memory layer), --slots 64, --window 64, --w 1 (B = 128 rows of 64
+model: 2 layers of 64, one memory layer), --slots 64, --window 64, --w 1 (B = 128 rows of 64
 tokens = 8192 tokens per step), --ds 1,8,64, --repeats 5, --warmup 1,
 --accum 1. Real sizes go through the flags, e.g.
 
