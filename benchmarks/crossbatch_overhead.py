@@ -199,8 +199,9 @@ def main(argv=None):
   hd = cfg.num_heads * cfg.dim_per_head
   ideal = {name: flops["plain"] + 3 * 4 * len(cfg.mem_layers) * hd * args.window ** 2
            * float((np.asarray(plans[name][0]) >= 0).sum())
-           # memory: q.k over all M keys (the top-k's p.v is negligible), x3 for the backward pass
-           + (3 * 2 * len(cfg.mem_layers) * hd * rows * args.window * args.memory_tokens if name in read_memory else 0)
+           # memory: q.k over all M keys, forward only (the backward pass and p.v reach only the top-k;
+           # fot_jax.plan.model_flops counts it alike)
+           + (2 * len(cfg.mem_layers) * hd * rows * args.window * args.memory_tokens if name in read_memory else 0)
            for name, _, _ in variants}
 
   def call(name, state):
