@@ -138,8 +138,17 @@ def flag_parser(prog: str, config_flag: str = "config"):
         lines = [x.strip() for x in str(e).splitlines() if x.strip()]
         text = lines[0] + (" " + lines[-1] if len(lines) > 1 else "")
       else:
-        text = (f"--{config_flag}={_flag_arg(argv, config_flag)}: loading the experiment file raised "
-                f"{type(e).__name__}: {e}")
+        # an override ml_collections could not apply names itself in the error (e.g. a list item, phases.0)
+        named = [a for a in argv if a.startswith(f"--{config_flag}.")
+                 and f"'{a.split('=', 1)[0][len(config_flag) + 3:]}'" in str(e)]
+        if named:
+          text = f"{named[0]}: this override could not be applied ({type(e).__name__}: {e})"
+          if any(part.isdigit() for part in named[0].split("=", 1)[0].split(".")):
+            text += ("; ml_collections overrides name dict fields, not list items (such as phases.0): change "
+                     "a list in the experiment file")
+        else:
+          text = (f"--{config_flag}={_flag_arg(argv, config_flag)}: loading the experiment file raised "
+                  f"{type(e).__name__}: {e}")
       if "get_config() takes 0 positional arguments" in text:
         text += f"; {_flag_arg(argv, config_flag).split(':', 1)[0]} takes no ':ARG' after its path"
       fail(prog, text)

@@ -237,6 +237,9 @@ CASES = [
     Case("main_memory_refresh_zero", "train.memory.refresh=0 (the long memory rewritten every 0 steps)", MAIN,
          ["--config=experiments/smollm2_retrieval.py:longmem", "--config.train.init_from=",
           "--config.train.memory.refresh=0", "--workdir={T}/w_memory"], ("train.memory.refresh", "positive")),
+    Case("main_override_list_item", "--config.train.curriculum.phases.0.steps=2 (a list item: no override reaches it)",
+         MAIN, ["--config=experiments/stdlib_lm_tiny.py", "--config.train.curriculum.phases.0.steps=2",
+                "--workdir={T}/w_list"], ("phases.0.steps=2", "not list items")),
     # ---- issue 33: your corpus, checked before the first step
     Case("main_misspelt_field", "--config.train.stpes=3 (a field that does not exist)", MAIN,
          ["--config=experiments/stdlib_lm_tiny.py", "--config.train.stpes=3", "--workdir={T}/w_typo"],
