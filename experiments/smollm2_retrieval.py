@@ -109,7 +109,7 @@ def _shape(windows: int, window: int):
 
 
 # second stages from the mixed recipe's model: aggregate, and aggregate with mentions / plain questions
-SECOND_STAGES = ("aggregate", "mentions", "plain", "longmem")
+SECOND_STAGES = ("aggregate", "mentions", "plain", "longmem", "mentions_longmem")
 VARIANTS = ("base", "lookalike", "multikey", "mixed") + SECOND_STAGES
 # aggregate: a second stage that starts from the mixed recipe's tuned model
 MIXED_CHECKPOINT = "runs/smollm2_mixed/fot"
@@ -141,7 +141,8 @@ def get_config(variant: str = "base"):
   'mixed' (multikey's documents in three kinds of haystack, real prose among them), 'aggregate'
   (a second stage from the mixed recipe's model, with chain and tally documents), 'mentions'
   (aggregate with mentions of asked keys that give no value), 'plain' (mentions, and questions
-  ending in "is") or 'longmem' (aggregate beside a 16K-token memory written without gradient)."""
+  ending in "is"), 'longmem' (aggregate beside a 16K-token memory written without gradient) or
+  'mentions_longmem' (both levers that moved the 64K passkey's first-token margin, together)."""
   if variant not in VARIANTS:
     raise ValueError(f"smollm2_retrieval: variant must be one of {VARIANTS}, got {variant!r}")
   c = base_config()
@@ -179,11 +180,11 @@ def get_config(variant: str = "base"):
       # a quarter of them asked and answered in SmolLM2's chat template
       near_kinds, far_kinds = ("lookup", "chain", "tally"), ("lookup", "lookup", "chain", "tally")
       mixed["chat"] = AGG_CHAT
-    if variant in ("mentions", "plain"):
+    if variant in ("mentions", "plain", "mentions_longmem"):
       mixed["mentions"] = MENTIONS
     if variant == "plain":
       mixed["plain_questions"] = PLAIN
-    if variant == "longmem":
+    if variant in ("longmem", "mentions_longmem"):
       mixed.update(memory_tokens=LONGMEM_TOKENS, memory_haystacks=("repeat", "text"))
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
@@ -221,7 +222,7 @@ def get_config(variant: str = "base"):
         {"name": "far", "task": "far", "spec": negatives, "steps": far}]
   if variant in SECOND_STAGES:
     c.train.init_from = MIXED_CHECKPOINT
-  if variant == "longmem":
+  if variant in ("longmem", "mentions_longmem"):
     c.train.memory.update(enabled=True, window=512, topk=32, refresh=LONGMEM_REFRESH)
   c.baseline.enabled = False
   # The run's own check (window = the training window): perplexity with 0 and 448 tokens of memory on
