@@ -103,6 +103,43 @@ def test_topk_selects_the_best_keys():
       np.testing.assert_allclose(out[0, t, 0, g], p @ v[0, idx, 0], atol=1e-5)
 
 
+@pytest.mark.parametrize("n,k", [(64, 5), (64, 8), (48, 6), (60, 5), (64, 8 * 8)])
+def test_grouped_top_k_equals_top_k(n, k):
+  """The two-stage search returns lax.top_k's values and indices (masked entries too); shapes it
+  cannot split (60 % 8, k * 8 >= n) fall back to top_k."""
+  from fot_jax.model import memory as mem
+  s = np.random.default_rng(n + k).normal(size=(3, 2, n)).astype(np.float32)
+  s[0, 0, : n // 2] = mem.NEG  # a chunk half masked
+  s[1, 1, 1:] = mem.NEG  # one live entry
+  want, got = jax.lax.top_k(jnp.asarray(s), k), mem.grouped_top_k(jnp.asarray(s), k)
+  np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+  live = np.asarray(want[0]) > mem.NEG / 2  # among masked ties any index will do
+  np.testing.assert_array_equal(np.asarray(got[1])[live], np.asarray(want[1])[live])
+
+
+def test_topk_gradient_reaches_queries_through_the_entries_read():
+  """train.memory differentiates the top-k read w.r.t. the queries: the gradient equals plain softmax
+  attention over each query's k best entries (chosen in NumPy), for a memory shared by the batch."""
+  from fot_jax.model import memory as mem
+  rng = np.random.default_rng(6)
+  q = jnp.asarray(rng.normal(size=(2, 3, 1, 2, 4)), jnp.float32)  # [B, T, KV, G, D]
+  k = rng.normal(size=(1, 96, 1, 4)).astype(np.float32)
+  v = rng.normal(size=(1, 96, 1, 4)).astype(np.float32)
+  w = jnp.asarray(rng.normal(size=(2, 3, 1, 2, 4)), jnp.float32)  # a random cotangent
+  block = mem.MemoryBlock(jnp.asarray(k), jnp.asarray(v), jnp.ones((1, 96), bool))
+  # chunks of 48: each searched in groups of 8 (mem.grouped_top_k), then merged
+  got = jax.grad(lambda q: jnp.sum(w * mem.finish(mem.topk_memory_partial(q, [block], k=5, chunk=48))))(q)
+  idx = np.argsort(-np.einsum("btkgd,skd->btkgs", np.asarray(q), k[0]), axis=-1)[..., :5]  # [B, T, KV, G, 5]
+  ks, vs = k[0, idx, 0], v[0, idx, 0]  # [B, T, KV, G, 5, D]
+
+  def plain(q):
+    p = jax.nn.softmax(jnp.einsum("btkgd,btkgsd->btkgs", q, ks), axis=-1)
+    return jnp.sum(w * jnp.einsum("btkgs,btkgsd->btkgd", p, vs))
+
+  np.testing.assert_allclose(np.asarray(got), np.asarray(jax.grad(plain)(q)), atol=1e-5)
+  assert np.abs(np.asarray(got)).max() > 1e-3
+
+
 def test_memory_is_cleared_per_document_in_single_doc_mode():
   cfg = get_size("tiny", mem_layers=(1,))
   params = _params(cfg)
