@@ -36,13 +36,17 @@ def test_crossbatch_and_memory_are_one_softmax_with_the_window():
   # top-k over all m entries: every entry read (the training step's mode)
   both, aux = model.apply({"params": params}, tokens, plan=(sources, positive), memories=memory,
                           mem_mode="topk", mem_topk=m, want_mem_kv=True)
-  for row in (1, 3):
-    src = [int(s) for s in sources[row] if s >= 0]
-    moved = {layer: [MemoryBlock(jnp.concatenate([memory[layer][0].keys[0]] + [aux["mem_kv"][layer][0][s] for s in src])[None],
-                                 jnp.concatenate([memory[layer][0].values[0]] + [aux["mem_kv"][layer][1][s] for s in src])[None],
-                                 jnp.ones((1, m + t * len(src)), bool))] for layer in CFG.mem_layers}
-    alone, _ = model.apply({"params": params}, tokens[row:row + 1], memories=moved, mem_mode="dense")
-    np.testing.assert_allclose(np.asarray(both[row]), np.asarray(alone[0]), rtol=2e-4, atol=2e-4)
+  rows, width = (1, 3), m + 2 * t  # rows 1 and 3 (one and two sources) in one call: memory padded, masked
+
+  def moved(layer, i):  # [rows, width, KV, D] keys (i=0) or values (i=1): memory, then the row's sources
+    whole = [jnp.concatenate([(memory[layer][0].keys, memory[layer][0].values)[i][0]]
+                             + [aux["mem_kv"][layer][i][s] for s in sources[r] if s >= 0]) for r in rows]
+    return jnp.stack([jnp.pad(x, ((0, width - len(x)), (0, 0), (0, 0))) for x in whole])
+
+  live = jnp.asarray([[j < m + t * int(jnp.sum(sources[r] >= 0)) for j in range(width)] for r in rows])
+  blocks = {layer: [MemoryBlock(moved(layer, 0), moved(layer, 1), live)] for layer in CFG.mem_layers}
+  alone, _ = model.apply({"params": params}, tokens[jnp.asarray(rows)], memories=blocks, mem_mode="dense")
+  np.testing.assert_allclose(np.asarray(both[jnp.asarray(rows)]), np.asarray(alone), rtol=2e-4, atol=2e-4)
   plain, _ = model.apply({"params": params}, tokens, plan=(sources, positive))
   assert not np.allclose(np.asarray(plain[0]), np.asarray(both[0]), atol=1e-3)  # the memory is read
 
@@ -72,10 +76,10 @@ SCHEDULE = {"kind": "constant", "spec": {"d": 2, "w": 1}}
 
 def test_loop_writes_memory_every_refresh_steps_and_the_step_reads_it(tmp_path):
   feed = _WithMemory()
-  out = train(CFG, _settings(5, {"window": 16, "topk": 4, "refresh": 2}), Schedule(SCHEDULE), feed,
+  out = train(CFG, _settings(3, {"window": 16, "topk": 4, "refresh": 2}), Schedule(SCHEDULE), feed,
               str(tmp_path / "mem"))
-  assert feed.asked == [0, 2, 4] and out["memory_writes"] == 3  # the periods' first steps
-  plain = train(CFG, _settings(5), Schedule(SCHEDULE), _WithMemory(), str(tmp_path / "plain"))
+  assert feed.asked == [0, 2] and out["memory_writes"] == 2  # the periods' first steps
+  plain = train(CFG, _settings(1), Schedule(SCHEDULE), _WithMemory(), str(tmp_path / "plain"))
   assert all(np.isfinite(h["loss"]) for h in out["history"])
   assert out["history"][0]["loss"] != plain["history"][0]["loss"]  # the first step already reads memory
 
