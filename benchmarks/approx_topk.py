@@ -5,9 +5,10 @@ queries: (1) the selection op alone on the scores [Q, M]: recall@k of
 approx_max_k at each --recalls target against jax.lax.top_k, and the median
 time of both; (2) the memory mode end to end, fot_jax.model.memory.
 topk_memory_partial (chunks of --chunk entries, exact vs approx), median time.
-The exact mode searches each chunk with fot_jax.model.memory.grouped_top_k (two small top_k
-calls, exact): its row times that op against jax.lax.top_k on the same scores. On CPU and GPU XLA computes approx_max_k exactly (recall 1.0, no speed-up);
-the approximation (and its speed) is the TPU's.
+The exact mode searches each chunk with fot_jax.model.memory.grouped_top_k (two
+small top_k calls, exact): its row times that op against jax.lax.top_k on the
+same scores. On CPU and GPU XLA computes approx_max_k exactly (recall 1.0, no
+speed-up); the approximation (and its speed) is the TPU's.
 
   python -m benchmarks.approx_topk                    # 64K entries, ~1 minute on 2 cores
   python -m benchmarks.approx_topk --sizes 65536,1048576

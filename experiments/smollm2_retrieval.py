@@ -124,6 +124,7 @@ PLAIN = 0.5
 # gradient by the model being trained, in windows of the evaluation's 512 tokens, top-32 reads, every
 # LONGMEM_REFRESH steps): repeated filler or real prose, no fact (fot_jax/train/far_memory.py)
 LONGMEM_TOKENS, LONGMEM_REFRESH = 16384, 5
+LONGMEM_STAGES = ("longmem", "mentions_longmem")  # the stages that train beside that memory
 # Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
 # put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
 PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
@@ -184,7 +185,7 @@ def get_config(variant: str = "base"):
       mixed["mentions"] = MENTIONS
     if variant == "plain":
       mixed["plain_questions"] = PLAIN
-    if variant in ("longmem", "mentions_longmem"):
+    if variant in LONGMEM_STAGES:
       mixed.update(memory_tokens=LONGMEM_TOKENS, memory_haystacks=("repeat", "text"))
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
@@ -222,7 +223,7 @@ def get_config(variant: str = "base"):
         {"name": "far", "task": "far", "spec": negatives, "steps": far}]
   if variant in SECOND_STAGES:
     c.train.init_from = MIXED_CHECKPOINT
-  if variant in ("longmem", "mentions_longmem"):
+  if variant in LONGMEM_STAGES:
     c.train.memory.update(enabled=True, window=512, topk=32, refresh=LONGMEM_REFRESH)
   c.baseline.enabled = False
   # The run's own check (window = the training window): perplexity with 0 and 448 tokens of memory on
