@@ -89,6 +89,12 @@ gradient, in the evaluation's windows of 512 with top-32 reads, every 5 steps; t
 top-32 per query beside the window and the crossbatch contexts. For the passkey's miss past 32K (a
 training step's memory was 3K tokens, the evaluation's 64K-128K). Measured in docs/retrieval.md
 ("Training beside a long memory").
+
+Variant 'longmem64' (`--config=experiments/smollm2_retrieval.py:longmem64 --workdir=runs/smollm2_longmem64`,
+a third stage: the mixed, then the longmem stage first): from the longmem model
+(LONGMEM_CHECKPOINT), 16 steps of the far phase beside a memory of 65,536 tokens, as long as the
+64K evaluation's, rewritten every 8 steps, documents of data seed 1. Measured in docs/retrieval.md
+("A training memory as long as the evaluation's").
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
@@ -109,7 +115,7 @@ def _shape(windows: int, window: int):
 
 
 # second stages from the mixed recipe's model: aggregate, and aggregate with mentions / plain questions
-SECOND_STAGES = ("aggregate", "mentions", "plain", "longmem", "mentions_longmem")
+SECOND_STAGES = ("aggregate", "mentions", "plain", "longmem", "mentions_longmem", "longmem64")
 VARIANTS = ("base", "lookalike", "multikey", "mixed") + SECOND_STAGES
 # aggregate: a second stage that starts from the mixed recipe's tuned model
 MIXED_CHECKPOINT = "runs/smollm2_mixed/fot"
@@ -124,7 +130,12 @@ PLAIN = 0.5
 # gradient by the model being trained, in windows of the evaluation's 512 tokens, top-32 reads, every
 # LONGMEM_REFRESH steps): repeated filler or real prose, no fact (fot_jax/train/far_memory.py)
 LONGMEM_TOKENS, LONGMEM_REFRESH = 16384, 5
-LONGMEM_STAGES = ("longmem", "mentions_longmem")  # the stages that train beside that memory
+LONGMEM_STAGES = ("longmem", "mentions_longmem", "longmem64")  # the stages that train beside that memory
+# longmem64: a third stage from the longmem model, its far phase only, beside a memory as long as the
+# 64K evaluation's (4x the reads, ~4x each write: written every LONGMEM64_REFRESH steps), data seed 1
+# (documents the longmem stage did not see)
+LONGMEM_CHECKPOINT = "runs/smollm2_longmem/fot"
+LONGMEM64_TOKENS, LONGMEM64_REFRESH, LONGMEM64_STEPS = 65536, 8, 16
 # Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
 # put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
 PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
@@ -142,8 +153,9 @@ def get_config(variant: str = "base"):
   'mixed' (multikey's documents in three kinds of haystack, real prose among them), 'aggregate'
   (a second stage from the mixed recipe's model, with chain and tally documents), 'mentions'
   (aggregate with mentions of asked keys that give no value), 'plain' (mentions, and questions
-  ending in "is"), 'longmem' (aggregate beside a 16K-token memory written without gradient) or
-  'mentions_longmem' (both levers that moved the 64K passkey's first-token margin, together)."""
+  ending in "is"), 'longmem' (aggregate beside a 16K-token memory written without gradient),
+  'mentions_longmem' (both levers that moved the 64K passkey's first-token margin, together) or
+  'longmem64' (from the longmem model: 16 far steps beside a 64K-token memory)."""
   if variant not in VARIANTS:
     raise ValueError(f"smollm2_retrieval: variant must be one of {VARIANTS}, got {variant!r}")
   c = base_config()
@@ -225,6 +237,14 @@ def get_config(variant: str = "base"):
     c.train.init_from = MIXED_CHECKPOINT
   if variant in LONGMEM_STAGES:
     c.train.memory.update(enabled=True, window=512, topk=32, refresh=LONGMEM_REFRESH)
+  if variant == "longmem64":
+    for spec in c.data.retrieval.values():
+      spec.memory_tokens = LONGMEM64_TOKENS
+    c.train.init_from, c.seed = LONGMEM_CHECKPOINT, 1
+    c.train.memory.refresh = LONGMEM64_REFRESH
+    c.train.steps = c.optim.total_steps = LONGMEM64_STEPS
+    c.optim.warmup_steps = 2
+    c.train.curriculum.phases = [{"name": "far", "task": "far", "spec": negatives, "steps": LONGMEM64_STEPS}]
   c.baseline.enabled = False
   # The run's own check (window = the training window): perplexity with 0 and 448 tokens of memory on
   # 4 held-out files. The issue's measurements (window 512) come from the evaluate CLI (docs/retrieval.md).

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from benchmarks import accelerator_check
 
@@ -69,3 +70,19 @@ def test_host_memory_benchmark_reads_one_prompt_both_ways(tmp_path):
   assert [r["variant"] for r in out["rows"]] == ["dense", "host_flat"]
   assert all(r["seconds"] > 0 for r in out["rows"]) and len(out["ratios"]) == 1
   assert json.loads((tmp_path / "r.json").read_text())["ratios"] == out["ratios"]
+
+
+def test_memory_write_benchmark_times_both_capacities(tmp_path):
+  from benchmarks import memory_write
+  from fot_jax import checkpoint
+  from fot_jax.model.config import get_size
+  from fot_jax.model.init import init_params
+  cfg = get_size("tiny", vocab_size=260)
+  ck = str(tmp_path / "ckpt")
+  checkpoint.save(ck, init_params(cfg, 0), cfg, 16)
+  out = memory_write.main(["--checkpoint", ck, "--window", "16", "--tokens", "64", "--topk", "4",
+                           "--json", str(tmp_path / "w.json")])
+  assert [r["capacity"] for r in out["rows"]] == ["full", "grow"] and all(r["seconds"] > 0 for r in out["rows"])
+  assert json.loads((tmp_path / "w.json").read_text())["full_over_grow"] == out["full_over_grow"]
+  with pytest.raises(SystemExit, match="multiple of --window"):
+    memory_write.main(["--checkpoint", ck, "--window", "16", "--tokens", "40"])

@@ -82,7 +82,8 @@ def test_dense_memory_in_small_chunks_skips_dead_ones_and_equals_one_chunk():
 
 
 def test_topk_selects_the_best_keys():
-  """With k < memory, top-k keeps only the k highest-scoring entries (NumPy check on one layer)."""
+  """With k < memory, top-k keeps only the k highest-scoring entries (NumPy check on one layer); a
+  chunk with no live entry (16-31) is skipped, a partly live one is searched."""
   from fot_jax.model import memory as mem
   rng = np.random.default_rng(3)
   q = rng.normal(size=(1, 3, 1, 2, 4)).astype(np.float32)  # [B, T, KV, G, D]
@@ -90,6 +91,7 @@ def test_topk_selects_the_best_keys():
   v = rng.normal(size=(1, 50, 1, 4)).astype(np.float32)
   live = np.ones((1, 50), bool)
   live[0, 7] = False
+  live[0, 16:32] = False
   part = mem.topk_memory_partial(jnp.asarray(q), [mem.MemoryBlock(jnp.asarray(k), jnp.asarray(v),
                                                                   jnp.asarray(live))], k=5, chunk=16)
   out = np.asarray(mem.finish(part))  # [B, T, KV, G, D]

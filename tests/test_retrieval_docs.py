@@ -470,5 +470,10 @@ def test_experiment_config_validates_and_names_its_tasks():
   plain = configs.resolve(smollm2_retrieval.get_config("plain"), check_data=False).lm.feeds
   assert plain["far"].plain_questions == smollm2_retrieval.PLAIN > 0 == mentions["far"].plain_questions
   assert plain["far"].mentions == smollm2_retrieval.MENTIONS
+  longmem64 = smollm2_retrieval.get_config("longmem64")  # a third stage, from the longmem stage's model
+  feeds = configs.resolve(longmem64, check_data=False).lm.feeds
+  assert longmem64.train.init_from == smollm2_retrieval.LONGMEM_CHECKPOINT and longmem64.train.memory.enabled
+  assert feeds["far"].memory_tokens == 4 * smollm2_retrieval.LONGMEM_TOKENS == longmem64.train.memory.window * 128
+  assert [p["task"] for p in longmem64.train.curriculum.phases] == ["far"] and longmem64.train.steps == 16
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")

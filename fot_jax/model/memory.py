@@ -137,7 +137,7 @@ def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int,
   for block in blocks:
     ks, vs, ms, _ = _chunks(block, min(chunk, block.keys.shape[1]))
 
-    def body(carry, xs):
+    def search(carry, xs):
       bs, bk, bv = carry
       kc, vc, mc = xs
       s = jnp.where(mc[:, None, None, None, :], scores(q_search, kc), NEG)
@@ -149,7 +149,12 @@ def topk_memory_partial(q, blocks: Sequence[MemoryBlock], k: int, chunk: int,
       all_s = jnp.concatenate([bs, cs], axis=-1)
       ns, ni = jax.lax.top_k(all_s, k)
       keep = lambda best, new: jnp.take_along_axis(jnp.concatenate([best, new], axis=-2), ni[..., None], axis=-2)
-      return (ns, keep(bk, pick(kc, ci, kk)), keep(bv, pick(vc, ci, kk))), None
+      return ns, keep(bk, pick(kc, ci, kk)), keep(bv, pick(vc, ci, kk))
+
+    def body(carry, xs):  # a chunk with no live entry is skipped: inference's memory buffers are
+      # allocated ahead of what is written (a train.memory write: the whole haystack), so the early
+      # windows' searches would otherwise scan chunks that are all empty
+      return jax.lax.cond(jnp.any(xs[2]), search, lambda c, _: c, carry, xs), None
 
     (best_s, best_k, best_v), _ = jax.lax.scan(body, (best_s, best_k, best_v), (ks, vs, ms))
   live = best_s > NEG / 2

@@ -1,0 +1,87 @@
+"""Writing a long memory without gradient: train.memory's write (fot_jax/train/far_memory.py
+write_memory) timed for a checkpoint's model.
+
+A haystack of --tokens token ids (random over the vocabulary: the time does not depend on the text)
+is run window by window through the layers up to the last memory layer, each window's memory
+layers reading their top-k of the memory before it, as train.memory writes it every `refresh`
+steps. Two ways side by side, after a compiling write of 2 windows: the memory buffer allocated
+for the whole haystack at once (`full`: what write_memory does) and grown by doubling from 1,024
+entries (`grow`: inference's default; recompiles at each new capacity). The exact top-k search
+skips the chunks of the buffer that hold no entry yet, so `full` need not scan the empty part.
+
+  python -m benchmarks.memory_write --checkpoint checkpoints/smollm2-135m --mem_layers 6,17,18,20 --tokens 16384
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+CAPACITIES = ("full", "grow")
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--checkpoint", required=True, help="an fot_jax checkpoint or training workdir")
+  p.add_argument("--mem_layers", default="", help="e.g. 6,17,18,20 for a checkpoint without memory layers")
+  p.add_argument("--tokens", type=int, default=16384)
+  p.add_argument("--window", type=int, default=512)
+  p.add_argument("--topk", type=int, default=32)
+  p.add_argument("--capacities", default="full,grow")
+  p.add_argument("--json", default=None)
+  return p.parse_args(argv)
+
+
+def write(cfg, params, tokens: np.ndarray, window: int, topk: int, capacity) -> float:
+  """Seconds to write `tokens` into a memory of `capacity` entries allocated at once (None: grown
+  by doubling), as write_memory does (fot_jax/train/far_memory.py: capacity = the haystack's length)."""
+  import jax
+  from fot_jax.inference import MemoryInference
+  reader = MemoryInference(cfg, params, window, mode="topk", topk=topk)
+  t0 = time.perf_counter()
+  memory = reader.new_memory(1) if capacity is None else reader.new_memory(1, capacity=capacity)
+  reader.process(tokens[None], memory, want_logits=False, stop_after=max(cfg.mem_layers))
+  jax.block_until_ready(memory.blocks())
+  return time.perf_counter() - t0
+
+
+def main(argv=None):
+  a = parse_args(argv)
+  from fot_jax.convert.api import from_pretrained
+  capacities = a.capacities.split(",")
+  bad = [c for c in capacities if c not in CAPACITIES]
+  if bad:
+    raise SystemExit(f"benchmarks.memory_write: --capacities: {bad} not in {CAPACITIES}")
+  if a.tokens % a.window or a.tokens < 2 * a.window:
+    raise SystemExit(f"benchmarks.memory_write: --tokens must be a multiple of --window={a.window}, at least 2 windows")
+  mem_layers = tuple(int(x) for x in a.mem_layers.split(",")) if a.mem_layers else None
+  ck = from_pretrained(a.checkpoint, **({"mem_layers": mem_layers} if mem_layers else {}))
+  if not ck.cfg.mem_layers:
+    raise SystemExit("benchmarks.memory_write: the model has no memory layers: pass --mem_layers")
+  tokens = np.random.default_rng(0).integers(0, ck.cfg.vocab_size, a.tokens).astype(np.int32)
+  rows = []
+  for capacity in capacities:
+    entries = a.tokens if capacity == "full" else None
+    write(ck.cfg, ck.params, tokens[: 2 * a.window], a.window, a.topk, entries)  # compiles (grow: its first size)
+    seconds = write(ck.cfg, ck.params, tokens, a.window, a.topk, entries)
+    rows.append({"capacity": capacity, "seconds": seconds, "tokens_per_s": a.tokens / seconds})
+    print(f"{a.tokens:7,} tokens  {capacity:4s} {seconds:8.1f} s  {a.tokens / seconds:8.1f} tokens/s", flush=True)
+  out = {"checkpoint": a.checkpoint, "tokens": a.tokens, "window": a.window, "topk": a.topk,
+         "mem_layers": list(ck.cfg.mem_layers), "rows": rows}
+  if len(rows) == 2:
+    out["full_over_grow"] = rows[0]["seconds"] / rows[1]["seconds"]
+    print(f"full/grow: {out['full_over_grow']:.2f}x")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(out, f, indent=1)
+  return out
+
+
+if __name__ == "__main__":
+  main()
