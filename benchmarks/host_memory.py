@@ -14,13 +14,13 @@ host/dense time ratios. Dense at 128K costs ~15-20 minutes on 2 CPU cores: --var
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+from benchmarks import save_json  # noqa: E402
 
 VARIANTS = ("dense", "host_ivf", "host_flat")
 
@@ -93,10 +93,7 @@ def main(argv=None):
       print(f"{r['length']:7,} tokens  {r['variant']}/dense: time {ratios[-1]['time_ratio']:.2f}x")
   out = {"checkpoint": a.checkpoint, "window": a.window, "topk": a.topk, "nprobe": a.nprobe,
          "mem_layers": list(ck.cfg.mem_layers), "rows": rows, "ratios": ratios}
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(out, f, indent=1)
-  return out
+  return save_json(a.json, out)
 
 
 if __name__ == "__main__":

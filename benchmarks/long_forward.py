@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 
@@ -25,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from benchmarks import save_json  # noqa: E402
 
 VARIANTS = {
     "plain": {},
@@ -95,10 +95,7 @@ def main(argv=None):
               f"temporaries {ratios[-1]['temp_ratio']:.3f}x")
   out = {"size": a.size, "layers": a.layers, "block": a.block, "backend": jax.default_backend(),
          "rows": rows, "ratios": ratios}
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(out, f, indent=1)
-  return out
+  return save_json(a.json, out)
 
 
 if __name__ == "__main__":

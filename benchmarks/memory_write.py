@@ -14,13 +14,13 @@ skips the chunks of the buffer that hold no entry yet, so `full` need not scan t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+from benchmarks import save_json  # noqa: E402
 
 CAPACITIES = ("full", "grow")
 
@@ -77,10 +77,7 @@ def main(argv=None):
   if len(rows) == 2:
     out["full_over_grow"] = rows[0]["seconds"] / rows[1]["seconds"]
     print(f"full/grow: {out['full_over_grow']:.2f}x")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(out, f, indent=1)
-  return out
+  return save_json(a.json, out)
 
 
 if __name__ == "__main__":

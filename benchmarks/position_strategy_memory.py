@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 
@@ -25,6 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.long_forward import VARIANTS  # noqa: E402
+from benchmarks import save_json  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -85,10 +85,7 @@ def main(argv=None):
       print(f"| {r['variant']} | {r['dense_gib']:.3f} | {r['blockwise_gib']:.3f} | {r['ratio']:.1f}x |")
   out = {"size": a.size, "layers": a.layers, "vocab": a.vocab, "length": a.length, "block": a.block,
          "backend": jax.default_backend(), "jax": jax.__version__, "rows": rows, "ratios": ratios}
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(out, f, indent=1)
-  return out
+  return save_json(a.json, out)
 
 
 if __name__ == "__main__":
