@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 from benchmarks import save_json  # noqa: E402
 
 CAPACITIES = ("full", "grow")
+GROW_FROM = 1024  # inference's first capacity (MemoryInference.new_memory), doubled as memory grows
 
 
 def parse_args(argv=None):
@@ -39,15 +40,13 @@ def parse_args(argv=None):
 
 
 def write(cfg, params, tokens: np.ndarray, window: int, topk: int, capacity) -> float:
-  """Seconds to write `tokens` into a memory of `capacity` entries allocated at once (None: grown
-  by doubling), as write_memory does (fot_jax/train/far_memory.py: capacity = the haystack's length)."""
+  """Seconds of write_memory (fot_jax/train/far_memory.py) with a buffer of `capacity` entries
+  allocated at once (None: the haystack's length, as train.memory writes)."""
   import jax
-  from fot_jax.inference import MemoryInference
-  reader = MemoryInference(cfg, params, window, mode="topk", topk=topk)
+  from fot_jax.settings import MemorySettings
+  from fot_jax.train.far_memory import write_memory
   t0 = time.perf_counter()
-  memory = reader.new_memory(1) if capacity is None else reader.new_memory(1, capacity=capacity)
-  reader.process(tokens[None], memory, want_logits=False, stop_after=max(cfg.mem_layers))
-  jax.block_until_ready(memory.blocks())
+  jax.block_until_ready(write_memory(cfg, params, tokens, MemorySettings(window=window, topk=topk), capacity))
   return time.perf_counter() - t0
 
 
@@ -67,7 +66,7 @@ def main(argv=None):
   tokens = np.random.default_rng(0).integers(0, ck.cfg.vocab_size, a.tokens).astype(np.int32)
   rows = []
   for capacity in capacities:
-    entries = a.tokens if capacity == "full" else None
+    entries = a.tokens if capacity == "full" else GROW_FROM
     write(ck.cfg, ck.params, tokens[: 2 * a.window], a.window, a.topk, entries)  # compiles (grow: its first size)
     seconds = write(ck.cfg, ck.params, tokens, a.window, a.topk, entries)
     rows.append({"capacity": capacity, "seconds": seconds, "tokens_per_s": a.tokens / seconds})

@@ -198,7 +198,8 @@ def get_config(variant: str = "base"):
     if variant == "plain":
       mixed["plain_questions"] = PLAIN
     if variant in LONGMEM_STAGES:
-      mixed.update(memory_tokens=LONGMEM_TOKENS, memory_haystacks=("repeat", "text"))
+      mixed.update(memory_tokens=LONGMEM64_TOKENS if variant == "longmem64" else LONGMEM_TOKENS,
+                   memory_haystacks=("repeat", "text"))
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
         "far": dict(doc_windows=windows, facts=(6, 12), queries=(4, 8), shared_shape=0.5, doc_kinds=far_kinds,
@@ -234,14 +235,12 @@ def get_config(variant: str = "base"):
          "threshold": 0.8, "window": 3, "max_steps": near},
         {"name": "far", "task": "far", "spec": negatives, "steps": far}]
   if variant in SECOND_STAGES:
-    c.train.init_from = MIXED_CHECKPOINT
+    c.train.init_from = LONGMEM_CHECKPOINT if variant == "longmem64" else MIXED_CHECKPOINT
   if variant in LONGMEM_STAGES:
-    c.train.memory.update(enabled=True, window=512, topk=32, refresh=LONGMEM_REFRESH)
+    c.train.memory.update(enabled=True, window=512, topk=32,
+                          refresh=LONGMEM64_REFRESH if variant == "longmem64" else LONGMEM_REFRESH)
   if variant == "longmem64":
-    for spec in c.data.retrieval.values():
-      spec.memory_tokens = LONGMEM64_TOKENS
-    c.train.init_from, c.seed = LONGMEM_CHECKPOINT, 1
-    c.train.memory.refresh = LONGMEM64_REFRESH
+    c.seed = 1
     c.train.steps = c.optim.total_steps = LONGMEM64_STEPS
     c.optim.warmup_steps = 2
     c.train.curriculum.phases = [{"name": "far", "task": "far", "spec": negatives, "steps": LONGMEM64_STEPS}]

@@ -30,11 +30,14 @@ from fot_jax.model.memory import MemoryBlock
 from fot_jax.settings import MemorySettings
 
 
-def write_memory(cfg: ModelConfig, params, tokens: np.ndarray, settings: MemorySettings) -> Dict[int, List[MemoryBlock]]:
+def write_memory(cfg: ModelConfig, params, tokens: np.ndarray, settings: MemorySettings,
+                 capacity: Optional[int] = None) -> Dict[int, List[MemoryBlock]]:
   """tokens [M] -> {memory layer: [MemoryBlock]} (one row, [1, M, KV, D]): the haystack run window by
-  window through the layers up to the last memory layer, each window reading the memory before it."""
+  window through the layers up to the last memory layer, each window reading the memory before it.
+  capacity: the entries allocated at once (default the haystack's length: one buffer, one compile);
+  less grows by doubling, as inference's memory does (benchmarks/memory_write compares the two)."""
   reader = MemoryInference(cfg, params, settings.window, mode="topk", topk=settings.topk)
-  memory = reader.new_memory(1, capacity=len(tokens))
+  memory = reader.new_memory(1, capacity=len(tokens) if capacity is None else capacity)
   reader.process(np.asarray(tokens, np.int32)[None], memory, want_logits=False, stop_after=max(cfg.mem_layers))
   return memory.blocks()
 
