@@ -95,6 +95,13 @@ a third stage: the mixed, then the longmem stage first): from the longmem model
 (LONGMEM_CHECKPOINT), 16 steps of the far phase beside a memory of 65,536 tokens, as long as the
 64K evaluation's, rewritten every 8 steps, documents of data seed 1. Measured in docs/retrieval.md
 ("A training memory as long as the evaluation's").
+
+Variant 'longmem64_direct' (`--config=experiments/smollm2_retrieval.py:longmem64_direct
+--workdir=runs/smollm2_longmem64_direct`, a second stage from the mixed model like 'aggregate'):
+the same 64K-token memory without the 16K stage between, so that mixed and this stage fit the
+issue's 2 hours of training: aggregate's documents, near (at most 6 steps) then far (14 steps), the
+memory written once a phase. Measured in docs/retrieval.md ("A training memory as long as the
+evaluation's").
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
@@ -115,7 +122,7 @@ def _shape(windows: int, window: int):
 
 
 # second stages from the mixed recipe's model: aggregate, and aggregate with mentions / plain questions
-SECOND_STAGES = ("aggregate", "mentions", "plain", "longmem", "mentions_longmem", "longmem64")
+SECOND_STAGES = ("aggregate", "mentions", "plain", "longmem", "mentions_longmem", "longmem64", "longmem64_direct")
 VARIANTS = ("base", "lookalike", "multikey", "mixed") + SECOND_STAGES
 # aggregate: a second stage that starts from the mixed recipe's tuned model
 MIXED_CHECKPOINT = "runs/smollm2_mixed/fot"
@@ -130,12 +137,16 @@ PLAIN = 0.5
 # gradient by the model being trained, in windows of the evaluation's 512 tokens, top-32 reads, every
 # LONGMEM_REFRESH steps): repeated filler or real prose, no fact (fot_jax/train/far_memory.py)
 LONGMEM_TOKENS, LONGMEM_REFRESH = 16384, 5
-LONGMEM_STAGES = ("longmem", "mentions_longmem", "longmem64")  # the stages that train beside that memory
+LONGMEM_STAGES = ("longmem", "mentions_longmem", "longmem64", "longmem64_direct")  # the stages beside that memory
 # longmem64: a third stage from the longmem model, its far phase only, beside a memory as long as the
 # 64K evaluation's (4x the reads, ~4x each write: written every LONGMEM64_REFRESH steps), data seed 1
 # (documents the longmem stage did not see)
 LONGMEM_CHECKPOINT = "runs/smollm2_longmem/fot"
 LONGMEM64_TOKENS, LONGMEM64_REFRESH, LONGMEM64_STEPS = 65536, 8, 16
+# longmem64_direct: the 64K-token memory in a second stage straight from the mixed model (no 16K
+# stage between), so the chain fits the issue's 2 hours of training: aggregate's near and far
+# phases, shortened, the memory written once a phase (a new phase writes one; DIRECT64_REFRESH is longer)
+DIRECT64_NEAR, DIRECT64_FAR, DIRECT64_REFRESH = 6, 14, 20
 # Real prose for the 'text' haystacks: the long descriptions (READMEs) of the packages `make install`
 # put in .venv (~1.7 MB of English, markdown), not the evaluation's held-out prose (vim's manuals).
 PROSE = "files:.venv/lib/python3.11/site-packages/*.dist-info/METADATA"
@@ -154,8 +165,9 @@ def get_config(variant: str = "base"):
   (a second stage from the mixed recipe's model, with chain and tally documents), 'mentions'
   (aggregate with mentions of asked keys that give no value), 'plain' (mentions, and questions
   ending in "is"), 'longmem' (aggregate beside a 16K-token memory written without gradient),
-  'mentions_longmem' (both levers that moved the 64K passkey's first-token margin, together) or
-  'longmem64' (from the longmem model: 16 far steps beside a 64K-token memory)."""
+  'mentions_longmem' (both levers that moved the 64K passkey's first-token margin, together),
+  'longmem64' (from the longmem model: 16 far steps beside a 64K-token memory) or 'longmem64_direct'
+  (that memory straight from the mixed model: 20 steps)."""
   if variant not in VARIANTS:
     raise ValueError(f"smollm2_retrieval: variant must be one of {VARIANTS}, got {variant!r}")
   c = base_config()
@@ -198,7 +210,7 @@ def get_config(variant: str = "base"):
     if variant == "plain":
       mixed["plain_questions"] = PLAIN
     if variant in LONGMEM_STAGES:
-      mixed.update(memory_tokens=LONGMEM64_TOKENS if variant == "longmem64" else LONGMEM_TOKENS,
+      mixed.update(memory_tokens=LONGMEM64_TOKENS if variant.startswith("longmem64") else LONGMEM_TOKENS,
                    memory_haystacks=("repeat", "text"))
     c.data.retrieval = ml_collections.ConfigDict({
         "near": dict(doc_windows=2, facts=(3, 6), queries=(2, 4), doc_kinds=near_kinds, **mixed),
@@ -215,7 +227,8 @@ def get_config(variant: str = "base"):
         "mid": dict(doc_windows=4, facts=(2, 8), queries=(1, 3), **hard),
         "far": dict(doc_windows=windows, facts=(4, 16), queries=(1, 4), shared_shape=0.5,
                     haystacks=("repeat", "prose", "facts", "facts"), **hard)})
-  steps = AGG_NEAR + AGG_FAR if variant in SECOND_STAGES else {
+  second = (DIRECT64_NEAR, DIRECT64_FAR) if variant == "longmem64_direct" else (AGG_NEAR, AGG_FAR)
+  steps = sum(second) if variant in SECOND_STAGES else {
       "multikey": MK_NEAR + MK_FAR, "mixed": MK_NEAR + MK_FAR}.get(variant, NEAR + MID + FAR)
   c.optim.lr, c.optim.warmup_steps, c.optim.schedule, c.optim.total_steps = 3e-4, 5, "constant", steps
   c.optim.weight_decay, c.optim.clip_norm = 0.01, 1.0
@@ -229,7 +242,7 @@ def get_config(variant: str = "base"):
   if variant in ("multikey", "mixed") + SECOND_STAGES:
     c.train.trainable = (ALL_ATTENTION,)
     c.optim.lr = 2e-4
-    near, far = (AGG_NEAR, AGG_FAR) if variant in SECOND_STAGES else (MK_NEAR, MK_FAR)
+    near, far = second if variant in SECOND_STAGES else (MK_NEAR, MK_FAR)
     c.train.curriculum.phases = [
         {"name": "near", "task": "near", "spec": positives, "metric": "answer_accuracy",
          "threshold": 0.8, "window": 3, "max_steps": near},
@@ -237,8 +250,8 @@ def get_config(variant: str = "base"):
   if variant in SECOND_STAGES:
     c.train.init_from = LONGMEM_CHECKPOINT if variant == "longmem64" else MIXED_CHECKPOINT
   if variant in LONGMEM_STAGES:
-    c.train.memory.update(enabled=True, window=512, topk=32,
-                          refresh=LONGMEM64_REFRESH if variant == "longmem64" else LONGMEM_REFRESH)
+    c.train.memory.update(enabled=True, window=512, topk=32, refresh={
+        "longmem64": LONGMEM64_REFRESH, "longmem64_direct": DIRECT64_REFRESH}.get(variant, LONGMEM_REFRESH))
   if variant == "longmem64":
     c.seed = 1
     c.train.steps = c.optim.total_steps = LONGMEM64_STEPS

@@ -72,7 +72,7 @@ def test_host_memory_benchmark_reads_one_prompt_both_ways(tmp_path):
   assert json.loads((tmp_path / "r.json").read_text())["ratios"] == out["ratios"]
 
 
-def test_memory_write_benchmark_times_both_capacities(tmp_path):
+def test_memory_write_benchmark_times_capacities_and_chunks(tmp_path):
   from benchmarks import memory_write
   from fot_jax import checkpoint
   from fot_jax.model.config import get_size
@@ -81,8 +81,12 @@ def test_memory_write_benchmark_times_both_capacities(tmp_path):
   ck = str(tmp_path / "ckpt")
   checkpoint.save(ck, init_params(cfg, 0), cfg, 16)
   out = memory_write.main(["--checkpoint", ck, "--window", "16", "--tokens", "64", "--topk", "4",
-                           "--json", str(tmp_path / "w.json")])
-  assert [r["capacity"] for r in out["rows"]] == ["full", "grow"] and all(r["seconds"] > 0 for r in out["rows"])
-  assert json.loads((tmp_path / "w.json").read_text())["full_over_grow"] == out["full_over_grow"]
+                           "--chunks", "16,64", "--json", str(tmp_path / "w.json")])
+  assert [(r["capacity"], r["chunk"]) for r in out["rows"]] == [("full", 16), ("full", 64), ("grow", 16), ("grow", 64)]
+  assert all(r["seconds"] > 0 for r in out["rows"]) and out["rows"][0]["over_first"] == 1.0
+  saved = json.loads((tmp_path / "w.json").read_text())["rows"]
+  assert saved[2]["over_first"] == pytest.approx(out["rows"][2]["seconds"] / out["rows"][0]["seconds"])
+  with pytest.raises(SystemExit, match="--chunks"):
+    memory_write.main(["--checkpoint", ck, "--window", "16", "--tokens", "64", "--chunks", "0"])
   with pytest.raises(SystemExit, match="multiple of --window"):
     memory_write.main(["--checkpoint", ck, "--window", "16", "--tokens", "40"])

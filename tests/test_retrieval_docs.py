@@ -475,5 +475,11 @@ def test_experiment_config_validates_and_names_its_tasks():
   assert longmem64.train.init_from == smollm2_retrieval.LONGMEM_CHECKPOINT and longmem64.train.memory.enabled
   assert feeds["far"].memory_tokens == 4 * smollm2_retrieval.LONGMEM_TOKENS == longmem64.train.memory.window * 128
   assert [p["task"] for p in longmem64.train.curriculum.phases] == ["far"] and longmem64.train.steps == 16
+  direct = smollm2_retrieval.get_config("longmem64_direct")  # the same memory, straight from the mixed model
+  direct_feeds = configs.resolve(direct, check_data=False).lm.feeds
+  assert direct.train.init_from == smollm2_retrieval.MIXED_CHECKPOINT and direct.train.memory.enabled
+  assert direct_feeds["near"].memory_tokens == direct_feeds["far"].memory_tokens == feeds["far"].memory_tokens
+  assert [p["task"] for p in direct.train.curriculum.phases] == ["near", "far"] and direct.train.steps == 20
+  assert direct.train.memory.refresh >= direct.train.steps  # one write a phase
   with pytest.raises(ValueError, match="variant must be one of"):
     smollm2_retrieval.get_config("passkey")

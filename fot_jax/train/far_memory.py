@@ -29,14 +29,21 @@ from fot_jax.model.config import ModelConfig
 from fot_jax.model.memory import MemoryBlock
 from fot_jax.settings import MemorySettings
 
+# train.memory's keys scored this many at a time, in the training step's reads and in the write (a
+# [rows, heads, T, chunk] block of scores each). In the write it also lets the exact top-k skip the
+# buffer's chunks that hold no entry yet: inference's default chunk (65,536) made a 64K write score
+# every window against the whole buffer in one [heads, 512, 65,536] block (benchmarks/memory_write).
+MEMORY_CHUNK = 4096
+
 
 def write_memory(cfg: ModelConfig, params, tokens: np.ndarray, settings: MemorySettings,
-                 capacity: Optional[int] = None) -> Dict[int, List[MemoryBlock]]:
+                 capacity: Optional[int] = None, chunk: int = MEMORY_CHUNK) -> Dict[int, List[MemoryBlock]]:
   """tokens [M] -> {memory layer: [MemoryBlock]} (one row, [1, M, KV, D]): the haystack run window by
   window through the layers up to the last memory layer, each window reading the memory before it.
   capacity: the entries allocated at once (default the haystack's length: one buffer, one compile);
-  less grows by doubling, as inference's memory does (benchmarks/memory_write compares the two)."""
-  reader = MemoryInference(cfg, params, settings.window, mode="topk", topk=settings.topk)
+  less grows by doubling, as inference's memory does; chunk: the keys scored at a time (MEMORY_CHUNK;
+  benchmarks/memory_write compares capacities and chunks)."""
+  reader = MemoryInference(cfg, params, settings.window, mode="topk", topk=settings.topk, chunk=chunk)
   memory = reader.new_memory(1, capacity=len(tokens) if capacity is None else capacity)
   reader.process(np.asarray(tokens, np.int32)[None], memory, want_logits=False, stop_after=max(cfg.mem_layers))
   return memory.blocks()

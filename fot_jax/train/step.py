@@ -20,11 +20,8 @@ from fot_jax.model.config import ModelConfig
 from fot_jax.model.init import init_params
 from fot_jax.model.llama import LlamaModel, weights_in_compute_dtype
 from fot_jax.recurrent import RecurrentSpec
+from fot_jax.train.far_memory import MEMORY_CHUNK
 from fot_jax.train.optimizer import Trainable
-
-
-# train.memory's keys scored this many at a time (a [rows, heads, T, chunk] block of scores each)
-MEMORY_CHUNK = 4096
 
 
 @flax.struct.dataclass
