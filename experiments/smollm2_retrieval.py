@@ -100,8 +100,9 @@ Variant 'longmem64_direct' (`--config=experiments/smollm2_retrieval.py:longmem64
 --workdir=runs/smollm2_longmem64_direct`, a second stage from the mixed model like 'aggregate'):
 the same 64K-token memory without the 16K stage between, so that mixed and this stage fit the
 issue's 2 hours of training: aggregate's documents, near (at most 6 steps) then far (14 steps), the
-memory written once a phase. Measured in docs/retrieval.md ("A training memory as long as the
-evaluation's").
+memory written once a phase. Measured (2026-12-07): 2,609 s (the chain 1.37 h), passkey at 64K
+1/4 through host memory (longmem64: 3/4), so not adopted; docs/retrieval.md ("A training memory as
+long as the evaluation's").
 """
 from experiments.base_lm import base_config, segments_spec
 from experiments.smollm2_fot import CHECKPOINT, TINY
