@@ -63,11 +63,8 @@ def main(argv=None):
   bad = [c for c in capacities if c not in CAPACITIES]
   if bad:
     raise SystemExit(f"benchmarks.memory_write: --capacities: {bad} not in {CAPACITIES}")
-  try:
-    chunks = [int(c) for c in a.chunks.split(",")]
-  except ValueError:
-    chunks = [0]
-  if min(chunks) < 1:
+  chunks = [int(c) for c in a.chunks.split(",") if c.strip().isdigit()]
+  if len(chunks) != len(a.chunks.split(",")) or min(chunks) < 1:
     raise SystemExit(f"benchmarks.memory_write: --chunks must be positive integers, got {a.chunks!r}")
   if a.tokens % a.window or a.tokens < 2 * a.window:
     raise SystemExit(f"benchmarks.memory_write: --tokens must be a multiple of --window={a.window}, at least 2 windows")
@@ -78,8 +75,8 @@ def main(argv=None):
   tokens = np.random.default_rng(0).integers(0, ck.cfg.vocab_size, a.tokens).astype(np.int32)
   rows = []
   for capacity in capacities:
+    entries = a.tokens if capacity == "full" else GROW_FROM
     for chunk in chunks:
-      entries = a.tokens if capacity == "full" else GROW_FROM
       write(ck.cfg, ck.params, tokens[: 2 * a.window], a.window, a.topk, entries, chunk)  # compiles (grow: its first size)
       seconds = write(ck.cfg, ck.params, tokens, a.window, a.topk, entries, chunk)
       rows.append({"capacity": capacity, "chunk": chunk, "seconds": seconds, "tokens_per_s": a.tokens / seconds,
