@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fot_jax.model.memory import MemoryBlock, grouped_top_k, topk_memory_partial
+from fot_jax.model.memory import READ_CHUNK, MemoryBlock, grouped_top_k, topk_memory_partial
 
 
 def parse_args(argv=None):
@@ -34,7 +34,7 @@ def parse_args(argv=None):
   p.add_argument("--dim", type=int, default=64)
   p.add_argument("--k", type=int, default=32)
   p.add_argument("--recalls", default="0.9,0.95,0.99")
-  p.add_argument("--chunk", type=int, default=65536)
+  p.add_argument("--chunk", type=int, default=READ_CHUNK)
   p.add_argument("--repeats", type=int, default=5)
   return p.parse_args(argv)
 

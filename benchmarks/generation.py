@@ -80,6 +80,7 @@ def make_smollm2_shape(directory, layers, hidden=576):
 def recompute_tokens_per_s(model, prompt, window, n):
   """The generator before the cache: the current window, padded, through the whole model per token."""
   from fot_jax.inference import forward_window
+  from fot_jax.model.memory import READ_CHUNK
   b = prompt.shape[0]
   cur = prompt
 
@@ -87,7 +88,7 @@ def recompute_tokens_per_s(model, prompt, window, n):
     m = cur.shape[1]
     logits, _ = forward_window(model.params, jnp.asarray(np.pad(cur, [(0, 0), (0, window - m)])),
                                jnp.asarray(np.broadcast_to(np.arange(window) < m, (b, window))), None,
-                               model.cfg, "dense", 32, 65536)
+                               model.cfg, "dense", 32, READ_CHUNK)
     return np.concatenate([cur, np.asarray(logits[:, m - 1]).argmax(-1)[:, None].astype(np.int32)], 1)
 
   cur = step(cur)  # compile

@@ -8,7 +8,7 @@ steps. Each pair of a capacity and a chunk is timed after a compiling write of 2
 the other: the memory buffer allocated for the whole haystack at once (`full`: what write_memory
 does) or grown by doubling from 1,024 entries (`grow`: inference's default; recompiles at each new
 capacity); the exact top-k search scores `chunk` keys at a time and skips the chunks that hold no
-entry yet (write_memory's MEMORY_CHUNK, 4,096; inference's default, 65,536, is one chunk for a 64K
+entry yet (write_memory's MEMORY_CHUNK, 4,096; inference's default READ_CHUNK, 65,536, is one chunk for a 64K
 buffer, so nothing is skipped and every window scores the whole buffer). Each row's seconds are
 also given over the first row's.
 
@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 from benchmarks import save_json  # noqa: E402
 
+from fot_jax.model.memory import READ_CHUNK  # noqa: E402
 from fot_jax.train.far_memory import MEMORY_CHUNK  # noqa: E402
 
 CAPACITIES = ("full", "grow")
@@ -40,7 +41,7 @@ def parse_args(argv=None):
   p.add_argument("--window", type=int, default=512)
   p.add_argument("--topk", type=int, default=32)
   p.add_argument("--capacities", default="full,grow")
-  p.add_argument("--chunks", default=f"{MEMORY_CHUNK},65536", help="keys scored at a time by the top-k search")
+  p.add_argument("--chunks", default=f"{MEMORY_CHUNK},{READ_CHUNK}", help="keys scored at a time by the top-k search")
   p.add_argument("--json", default=None)
   return p.parse_args(argv)
 

@@ -33,7 +33,7 @@ import numpy as np
 from fot_jax.generation import decode_loop, first_token, fit_slots, pow2, prefill_window, select_rows
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
-from fot_jax.model.memory import MEMORY_MODES, BlockSpec, MemoryBlock
+from fot_jax.model.memory import MEMORY_MODES, READ_CHUNK, BlockSpec, MemoryBlock
 
 DOC_MODES = ("single_doc", "multi_doc")
 
@@ -230,7 +230,7 @@ class MemoryInference:
   """Window-by-window processing of long inputs with FoT memory."""
 
   def __init__(self, cfg: ModelConfig, params, window: int, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=None, recall: float = 0.95, block_size: int = 128,
+               chunk: int = READ_CHUNK, mem_dtype=None, recall: float = 0.95, block_size: int = 128,
                block_reps: int = 16, block_topk: int = 8):
     if mode not in MEMORY_MODES:
       raise ValueError(f"inference.mode: must be one of {MEMORY_MODES}, got {mode!r}")

@@ -21,6 +21,7 @@ from fot_jax.inference import MemoryInference, _prompt_rows
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
+from fot_jax.model.memory import READ_CHUNK
 from fot_jax.model.memory import MEMORY_MODES
 
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -328,7 +329,7 @@ class Pretrained:
     return MemoryInference(self.cfg, self.params, window, mode, topk, chunk, mem_dtype)
 
   def logits_with_memory(self, tokens, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
-                         token_mask=None, chunk: int = 65536, mem_dtype=None) -> np.ndarray:
+                         token_mask=None, chunk: int = READ_CHUNK, mem_dtype=None) -> np.ndarray:
     """FoT memory inference (fot_jax.inference): windows of `window` tokens, earlier windows'
     memory-layer keys/values in memory. tokens [B, L] (or text: see `_ids`) -> [B, L, V]. mode: a
     device memory mode (fot_jax.model.memory) or 'host' (top-k from a faiss index on the host,
@@ -340,7 +341,7 @@ class Pretrained:
 
   def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
                seed: int = 0, window: Optional[int] = None, mode: str = "dense", topk: int = 32,
-               chunk: int = 65536, mem_dtype=None, last_context_length: Optional[int] = None,
+               chunk: int = READ_CHUNK, mem_dtype=None, last_context_length: Optional[int] = None,
                eos_token_id=None):
     """prompt: 1-D tokens, [B, L] tokens or a list of 1-D prompts -> the same form with
     max_new_tokens appended; greedy (temperature 0) or sampled (temperature, top_p), with a

@@ -41,7 +41,7 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory: Optional[Sequence[mem.MemoryBlock]] = None,
-               mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
+               mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = mem.READ_CHUNK,
                want_mem_kv: bool = False, cache=None, want_cache: bool = False, mem_recall: float = 0.95,
                prev=None):
     """cache: generation (k [B, W, KV, D], v, memory keys or None, fill [B]): the t new tokens

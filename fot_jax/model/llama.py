@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from fot_jax.model.attention import Attention, dense
 from fot_jax.model.config import ModelConfig
-from fot_jax.model.memory import MemoryBlock
+from fot_jax.model.memory import READ_CHUNK, MemoryBlock
 
 
 class RMSNorm(nn.Module):
@@ -43,7 +43,7 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, token_mask, plan=None, memory=None, mem_mode="dense",
-               mem_topk=32, mem_chunk=65536, want_mem_kv=False, cache=None, want_cache=False,
+               mem_topk=32, mem_chunk=READ_CHUNK, want_mem_kv=False, cache=None, want_cache=False,
                mem_recall=0.95, plan_widths=None, prev=None):
     cfg = self.cfg
     if plan is not None and plan_widths is not None:  # static: a separate argument so remat keeps it concrete
@@ -87,7 +87,7 @@ class LlamaModel(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions=None, token_mask=None, plan=None,
                memories: Optional[Dict[int, Sequence[MemoryBlock]]] = None,
-               mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = 65536,
+               mem_mode: str = "dense", mem_topk: int = 32, mem_chunk: int = READ_CHUNK,
                want_mem_kv: bool = False, stop_after: Optional[int] = None,
                cache: Optional[Dict[int, tuple]] = None, cache_fill=None, want_cache: bool = False,
                mem_recall: float = 0.95, prev: Optional[Dict[int, tuple]] = None, start_at: int = 0,

@@ -20,6 +20,10 @@ from fot_jax.model.config import BlockSpec  # kept with the configs: read withou
 
 NEG = -1e30  # finite "minus infinity" keeps fully masked blocks NaN-free
 MEMORY_MODES = ("dense", "topk", "approx_topk", "blocks")
+# Memory keys scored at a time when reading at inference (the top-k search's chunk): a 64K buffer is
+# one chunk. Training's memory write scores fewer (fot_jax/train/far_memory.py MEMORY_CHUNK), so its
+# chunks with no live entry yet are skipped.
+READ_CHUNK = 65536
 
 
 class Partial(NamedTuple):

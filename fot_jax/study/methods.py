@@ -10,6 +10,7 @@ import numpy as np
 
 from fot_jax.eval import suite as suite_lib
 from fot_jax.inference import Memory, MemoryInference, forward_window
+from fot_jax.model.memory import READ_CHUNK
 from fot_jax.study.settings import MethodSpec
 
 
@@ -25,7 +26,7 @@ class PlainInference:
   The plain path reads no memory: `memory` is never read or written, so each call sees its own
   input only, however the caller reuses a memory object."""
 
-  def __init__(self, cfg, params, pad: int = 64, chunk: int = 65536):
+  def __init__(self, cfg, params, pad: int = 64, chunk: int = READ_CHUNK):
     self.cfg, self.params, self.pad, self.chunk = cfg, params, int(pad), chunk
     self.window = 0
 
