@@ -50,8 +50,8 @@ checkpoints/smollm2-135m/fot_jax_model.json: $(SMOLLM2_GGUF) | $(STAMP)
 	$(VENV)/bin/python -m fot_jax.convert import_gguf --gguf $< --out checkpoints/smollm2-135m
 
 # make smollm2-retrieval: FoT tuning of SmolLM2-135M for retrieval from memory, the best recipe measured
-# (experiments/smollm2_retrieval.py: 'mixed' into runs/smollm2_mixed, ~60 minutes on 2 cores, then its
-# second stage 'aggregate', ~25 minutes) -> runs/smollm2_retrieval/fot (docs/retrieval.md).
+# (experiments/smollm2_retrieval.py: 'mixed' into runs/smollm2_mixed, 39-66 minutes on 2 cores, then its
+# second stage 'aggregate', 20-26 minutes) -> runs/smollm2_retrieval/fot (docs/retrieval.md).
 # make smollm2-retrieval-base: issue 22's first recipe (~21 minutes) -> runs/smollm2_retrieval_base/fot.
 .PHONY: smollm2-retrieval smollm2-retrieval-base
 smollm2-retrieval: checkpoints/smollm2-135m/fot_jax_model.json
