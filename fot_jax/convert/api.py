@@ -21,8 +21,7 @@ from fot_jax.inference import MemoryInference, _prompt_rows
 from fot_jax.jsonio import write_json
 from fot_jax.model.config import ModelConfig
 from fot_jax.model.llama import LlamaModel
-from fot_jax.model.memory import READ_CHUNK
-from fot_jax.model.memory import MEMORY_MODES
+from fot_jax.model.memory import MEMORY_MODES, READ_CHUNK
 
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
